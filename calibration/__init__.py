@@ -1,0 +1,1 @@
+"""servesim calibration package (see DESIGN.md)."""

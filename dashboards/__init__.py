@@ -1,0 +1,1 @@
+"""servesim dashboards package (see DESIGN.md)."""

@@ -1,0 +1,1 @@
+"""servesim live package (see DESIGN.md)."""

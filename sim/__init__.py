@@ -1,0 +1,1 @@
+"""servesim simulator: a SimPy discrete-event model of vLLM-like serving."""
