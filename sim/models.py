@@ -1,0 +1,428 @@
+"""Model architectures: parameter counts, weight bytes and KV-cache bytes per token.
+
+Only dense decoder-only transformers of the Llama family are described (RMSNorm, grouped-query
+attention, gated SiLU MLP, no MLP biases); Mistral and Qwen2/2.5 share that shape, Qwen2 adding
+biases to the q, k and v projections. That is all a serving simulator needs: how many bytes of
+weights stream through the GPU per step and how many bytes of KV cache each token pins.
+
+Every catalogue entry is transcribed from the model's Hugging Face ``config.json``, cited next to
+it; :func:`load_hf_config` reads any other such config from disk.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from sim.hardware import bytes_per_element
+
+
+@dataclass(frozen=True, slots=True)
+class ModelArch:
+    """A dense decoder-only transformer (Llama-style: RMSNorm, GQA attention, gated SiLU MLP).
+
+    Each layer holds q/k/v/o projections (k and v sized by ``num_key_value_heads``), a gated MLP
+    of three ``hidden_size × intermediate_size`` matrices and two RMSNorm weight vectors; the model
+    adds the token embedding, a final norm and, unless ``tie_word_embeddings``, a separate LM head.
+    ``attention_bias`` adds biases to q, k and v (as Qwen2 does); ``attention_output_bias`` also
+    to o (a Llama config with ``attention_bias: true`` biases all four). ``head_dim`` need not
+    equal ``hidden_size / num_attention_heads``. Invalid values raise ``ValueError`` naming the
+    field.
+    """
+
+    name: str
+    num_layers: int
+    hidden_size: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    intermediate_size: int
+    vocab_size: int
+    tie_word_embeddings: bool
+    max_position_embeddings: int
+    attention_bias: bool = False
+    attention_output_bias: bool = False
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name.strip():
+            raise ValueError(f"ModelArch name must be a non-empty string, got {self.name!r}")
+        positive_ints = (
+            ("num_layers", self.num_layers),
+            ("hidden_size", self.hidden_size),
+            ("num_attention_heads", self.num_attention_heads),
+            ("num_key_value_heads", self.num_key_value_heads),
+            ("head_dim", self.head_dim),
+            ("intermediate_size", self.intermediate_size),
+            ("vocab_size", self.vocab_size),
+            ("max_position_embeddings", self.max_position_embeddings),
+        )
+        for field_name, value in positive_ints:
+            # bool is an int subclass; a flag in a size field is a transcription slip.
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise ValueError(
+                    f"ModelArch {self.name!r}: {field_name} must be a positive integer, "
+                    f"got {value!r}; copy it from the model's config.json"
+                )
+        if self.num_attention_heads % self.num_key_value_heads != 0:
+            raise ValueError(
+                f"ModelArch {self.name!r}: num_attention_heads ({self.num_attention_heads}) must "
+                f"be a multiple of num_key_value_heads ({self.num_key_value_heads}) for grouped-"
+                "query attention; check both against the model's config.json"
+            )
+        flags = (
+            ("tie_word_embeddings", self.tie_word_embeddings),
+            ("attention_bias", self.attention_bias),
+            ("attention_output_bias", self.attention_output_bias),
+        )
+        for field_name, flag in flags:
+            if not isinstance(flag, bool):
+                raise ValueError(
+                    f"ModelArch {self.name!r}: {field_name} must be true or false, got {flag!r}"
+                )
+
+    @property
+    def attention_params_per_layer(self) -> int:
+        """Weights (and biases, if any) of one layer's q, k, v and o projections."""
+        q_width = self.num_attention_heads * self.head_dim
+        kv_width = self.num_key_value_heads * self.head_dim
+        weights = self.hidden_size * (q_width + 2 * kv_width) + q_width * self.hidden_size
+        biases = (q_width + 2 * kv_width) if self.attention_bias else 0
+        if self.attention_output_bias:
+            biases += self.hidden_size
+        return weights + biases
+
+    @property
+    def mlp_params_per_layer(self) -> int:
+        """Weights of one layer's gate, up and down projections (no biases)."""
+        return 3 * self.hidden_size * self.intermediate_size
+
+    @property
+    def linear_params_per_layer(self) -> int:
+        """Parameters of one layer's matrix multiplies: attention projections plus MLP."""
+        return self.attention_params_per_layer + self.mlp_params_per_layer
+
+    @property
+    def embedding_params(self) -> int:
+        """The token-embedding table, ``vocab_size × hidden_size``."""
+        return self.vocab_size * self.hidden_size
+
+    @property
+    def lm_head_params(self) -> int:
+        """The output projection: zero when it shares the embedding's weights."""
+        return 0 if self.tie_word_embeddings else self.vocab_size * self.hidden_size
+
+    @property
+    def num_params(self) -> int:
+        """All parameters: layers (linears, two RMSNorm vectors), embedding, LM head, final norm.
+
+        Matches the checkpoint's tensor count exactly (Llama-3.1-8B: 8,030,261,248).
+        """
+        per_layer = self.linear_params_per_layer + 2 * self.hidden_size
+        return (
+            self.num_layers * per_layer
+            + self.embedding_params
+            + self.lm_head_params
+            + self.hidden_size
+        )
+
+    def weight_bytes(self, dtype: str) -> float:
+        """Bytes of all weights stored uniformly in ``dtype``.
+
+        Quantized checkpoints usually keep the embedding and LM head in 16 bits and add scales,
+        so for ``'int4'``/``'fp8'`` this is a lower bound.
+        """
+        return self.num_params * bytes_per_element(dtype)
+
+    def kv_bytes_per_token(self, kv_dtype: str) -> float:
+        """KV-cache bytes one token occupies across all layers: a K and a V vector per KV head."""
+        return (
+            2
+            * self.num_layers
+            * self.num_key_value_heads
+            * self.head_dim
+            * (bytes_per_element(kv_dtype))
+        )
+
+
+MODEL_CATALOG: dict[str, ModelArch] = {
+    # https://huggingface.co/meta-llama/Llama-3.1-8B/blob/main/config.json
+    "llama-3.1-8b": ModelArch(
+        name="llama-3.1-8b",
+        num_layers=32,
+        hidden_size=4096,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        head_dim=128,
+        intermediate_size=14336,
+        vocab_size=128256,
+        tie_word_embeddings=False,
+        max_position_embeddings=131072,
+    ),
+    # https://huggingface.co/meta-llama/Llama-3.1-70B/blob/main/config.json
+    "llama-3.1-70b": ModelArch(
+        name="llama-3.1-70b",
+        num_layers=80,
+        hidden_size=8192,
+        num_attention_heads=64,
+        num_key_value_heads=8,
+        head_dim=128,
+        intermediate_size=28672,
+        vocab_size=128256,
+        tie_word_embeddings=False,
+        max_position_embeddings=131072,
+    ),
+    # https://huggingface.co/meta-llama/Llama-3.1-405B/blob/main/config.json (the bf16 weights;
+    # the FP8 repo has the same architecture).
+    "llama-3.1-405b": ModelArch(
+        name="llama-3.1-405b",
+        num_layers=126,
+        hidden_size=16384,
+        num_attention_heads=128,
+        num_key_value_heads=8,
+        head_dim=128,
+        intermediate_size=53248,
+        vocab_size=128256,
+        tie_word_embeddings=False,
+        max_position_embeddings=131072,
+    ),
+    # https://huggingface.co/meta-llama/Llama-3.3-70B-Instruct/blob/main/config.json (3.3 was
+    # released as Instruct only; same architecture as Llama-3.1-70B).
+    "llama-3.3-70b": ModelArch(
+        name="llama-3.3-70b",
+        num_layers=80,
+        hidden_size=8192,
+        num_attention_heads=64,
+        num_key_value_heads=8,
+        head_dim=128,
+        intermediate_size=28672,
+        vocab_size=128256,
+        tie_word_embeddings=False,
+        max_position_embeddings=131072,
+    ),
+    # https://huggingface.co/mistralai/Mistral-7B-v0.3/blob/main/config.json — v0.3, not v0.1:
+    # v0.3 has vocab 32768 and no sliding window, so full-context KV accounting is exact; v0.1
+    # (vocab 32000) uses a 4096-token sliding window this model does not describe.
+    "mistral-7b": ModelArch(
+        name="mistral-7b",
+        num_layers=32,
+        hidden_size=4096,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        head_dim=128,
+        intermediate_size=14336,
+        vocab_size=32768,
+        tie_word_embeddings=False,
+        max_position_embeddings=32768,
+    ),
+    # https://huggingface.co/Qwen/Qwen2.5-7B/blob/main/config.json (model_type qwen2: q/k/v
+    # biases). The base config says max_position_embeddings 131072; the -Instruct config says
+    # 32768 (YaRN extends it), with identical weight shapes.
+    "qwen2.5-7b": ModelArch(
+        name="qwen2.5-7b",
+        num_layers=28,
+        hidden_size=3584,
+        num_attention_heads=28,
+        num_key_value_heads=4,
+        head_dim=128,
+        intermediate_size=18944,
+        vocab_size=152064,
+        tie_word_embeddings=False,
+        max_position_embeddings=131072,
+        attention_bias=True,
+    ),
+    # https://huggingface.co/Qwen/Qwen2.5-32B/blob/main/config.json
+    "qwen2.5-32b": ModelArch(
+        name="qwen2.5-32b",
+        num_layers=64,
+        hidden_size=5120,
+        num_attention_heads=40,
+        num_key_value_heads=8,
+        head_dim=128,
+        intermediate_size=27648,
+        vocab_size=152064,
+        tie_word_embeddings=False,
+        max_position_embeddings=131072,
+        attention_bias=True,
+    ),
+    # https://huggingface.co/Qwen/Qwen2.5-72B/blob/main/config.json
+    "qwen2.5-72b": ModelArch(
+        name="qwen2.5-72b",
+        num_layers=80,
+        hidden_size=8192,
+        num_attention_heads=64,
+        num_key_value_heads=8,
+        head_dim=128,
+        intermediate_size=29568,
+        vocab_size=152064,
+        tie_word_embeddings=False,
+        max_position_embeddings=131072,
+        attention_bias=True,
+    ),
+}
+"""The built-in models, keyed by the names :func:`get_model` resolves to."""
+
+# Normalised Hugging Face repo names that the generic rules in _normalise_model_name miss.
+_MODEL_ALIASES: dict[str, str] = {
+    "mistral-7b-v0.3": "mistral-7b",
+    "mistral-7b-instruct-v0.3": "mistral-7b",
+}
+
+
+def _normalise_model_name(name: str) -> str:
+    """Lower-case repo name without the org, ``Meta-`` prefix or ``-Instruct`` suffix."""
+    key = name.strip().lower().rsplit("/", 1)[-1].replace("_", "-")
+    key = key.removeprefix("meta-")
+    if key not in _MODEL_ALIASES:
+        # Instruct variants share the base model's architecture (Qwen2.5's differ only in
+        # max_position_embeddings), so they resolve to the base entry.
+        key = key.removesuffix("-instruct")
+    return _MODEL_ALIASES.get(key, key)
+
+
+def get_model(name: str) -> ModelArch:
+    """The catalogue model called ``name``.
+
+    Case-insensitive; Hugging Face ids work too (``'meta-llama/Llama-3.1-8B'``,
+    ``'meta-llama/Meta-Llama-3.1-8B-Instruct'``, ``'Qwen/Qwen2.5-7B-Instruct'``,
+    ``'mistralai/Mistral-7B-Instruct-v0.3'``); an Instruct variant resolves to its base model's
+    entry. An unknown name raises ``ValueError`` with the closest catalogue names.
+    """
+    key = _normalise_model_name(name)
+    if key in MODEL_CATALOG:
+        return MODEL_CATALOG[key]
+    suggestions = difflib.get_close_matches(key, list(MODEL_CATALOG), n=3, cutoff=0.6)
+    hint = f"did you mean {' or '.join(repr(s) for s in suggestions)}? " if suggestions else ""
+    raise ValueError(
+        f"unknown model {name!r}; {hint}known: {', '.join(MODEL_CATALOG)} "
+        "(or load any Llama-style config.json with load_hf_config)"
+    )
+
+
+def model_names() -> list[str]:
+    """The catalogue's model keys, in catalogue order."""
+    return list(MODEL_CATALOG)
+
+
+_REQUIRED_CONFIG_KEYS = (
+    "num_hidden_layers",
+    "hidden_size",
+    "num_attention_heads",
+    "intermediate_size",
+    "vocab_size",
+)
+
+# transformers' documented default max_position_embeddings per config class (LlamaConfig 2048,
+# MistralConfig 4096 * 32, Qwen2Config 32768); 2048 for anything else.
+_DEFAULT_MAX_POSITION_EMBEDDINGS = {"llama": 2048, "mistral": 131072, "qwen2": 32768}
+
+# Keys whose presence marks a mixture-of-experts model (Mixtral, Qwen-MoE, DeepSeek), which this
+# dense description would silently undercount.
+_MOE_KEYS = ("num_local_experts", "num_experts", "n_routed_experts")
+
+
+def load_hf_config(path: str | Path) -> ModelArch:
+    """Read a local Hugging Face ``config.json`` (or a directory holding one) into a ModelArch.
+
+    Required keys: ``num_hidden_layers``, ``hidden_size``, ``num_attention_heads``,
+    ``intermediate_size``, ``vocab_size``. Defaults follow transformers: ``num_key_value_heads``
+    = ``num_attention_heads``, ``head_dim`` = ``hidden_size / num_attention_heads``,
+    ``tie_word_embeddings`` false, ``max_position_embeddings`` the config class's default (2048
+    for Llama). ``attention_bias: true`` (Llama) biases q, k, v and o; ``model_type: qwen2``
+    biases q, k and v. The name is ``_name_or_path`` if set, else the directory's name.
+
+    A missing file, invalid JSON, a missing or non-integer key, or a mixture-of-experts config
+    raises ``ValueError`` naming the file and what to fix.
+    """
+    path = Path(path)
+    file = path / "config.json" if path.is_dir() else path
+    try:
+        text = file.read_text(encoding="utf-8")
+    except OSError as error:
+        raise ValueError(
+            f"cannot read model config {file}: {error.strerror or error}; pass a config.json "
+            "or the model directory that contains it"
+        ) from error
+    try:
+        config = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise ValueError(
+            f"{file} is not valid JSON: {error.msg} at line {error.lineno} column {error.colno}; "
+            "fix the file or re-download it from the model's repository"
+        ) from error
+    if not isinstance(config, dict):
+        raise ValueError(
+            f"{file}: expected a JSON object at top level, got {type(config).__name__}"
+        )
+
+    for key in _MOE_KEYS:
+        if config.get(key):
+            raise ValueError(
+                f"config.json at {file}: {key}={config[key]!r} marks a mixture-of-experts model, "
+                "which ModelArch (dense only) would miscount; use a dense model"
+            )
+
+    def integer(key: str, default: int | None = None) -> int:
+        value: Any = config.get(key)
+        if value is None:
+            if default is not None:
+                return default
+            hint = (
+                "; this looks like a multimodal config, point at the text model's config instead"
+                if "text_config" in config
+                else ""
+            )
+            raise ValueError(
+                f"config.json at {file}: missing {key!r}; a decoder config needs "
+                f"{', '.join(_REQUIRED_CONFIG_KEYS)}{hint}"
+            )
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            raise ValueError(
+                f"config.json at {file}: {key!r} must be a positive integer, got {value!r}"
+            )
+        return value
+
+    def flag(key: str) -> bool:
+        value: Any = config.get(key, False)
+        if value is None:
+            return False
+        if not isinstance(value, bool):
+            raise ValueError(f"config.json at {file}: {key!r} must be true or false, got {value!r}")
+        return value
+
+    model_type = config.get("model_type")
+    hidden_size = integer("hidden_size")
+    num_attention_heads = integer("num_attention_heads")
+    if config.get("head_dim") is None and hidden_size % num_attention_heads != 0:
+        raise ValueError(
+            f"config.json at {file}: no 'head_dim' and hidden_size {hidden_size} is not a "
+            f"multiple of num_attention_heads {num_attention_heads}; add 'head_dim'"
+        )
+    llama_attention_bias = flag("attention_bias")
+    qwen2_bias = model_type == "qwen2"
+
+    name_or_path = config.get("_name_or_path")
+    if isinstance(name_or_path, str) and name_or_path.strip():
+        name = name_or_path.strip()
+    else:
+        name = file.resolve().parent.name or str(file)
+
+    return ModelArch(
+        name=name,
+        num_layers=integer("num_hidden_layers"),
+        hidden_size=hidden_size,
+        num_attention_heads=num_attention_heads,
+        num_key_value_heads=integer("num_key_value_heads", num_attention_heads),
+        head_dim=integer("head_dim", hidden_size // num_attention_heads),
+        intermediate_size=integer("intermediate_size"),
+        vocab_size=integer("vocab_size"),
+        tie_word_embeddings=flag("tie_word_embeddings"),
+        max_position_embeddings=integer(
+            "max_position_embeddings",
+            _DEFAULT_MAX_POSITION_EMBEDDINGS.get(str(model_type), 2048),
+        ),
+        attention_bias=llama_attention_bias or qwen2_bias,
+        attention_output_bias=llama_attention_bias,
+    )

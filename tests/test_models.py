@@ -1,0 +1,271 @@
+"""Model architectures: parameter counts against published sizes, KV bytes, config loading."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sim.models import MODEL_CATALOG, ModelArch, get_model, load_hf_config, model_names
+
+
+def _arch(**overrides: Any) -> ModelArch:
+    """A small valid architecture, with keyword overrides."""
+    values: dict[str, Any] = {
+        "name": "tiny",
+        "num_layers": 2,
+        "hidden_size": 64,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 16,
+        "intermediate_size": 128,
+        "vocab_size": 1000,
+        "tie_word_embeddings": False,
+        "max_position_embeddings": 512,
+    }
+    values.update(overrides)
+    return ModelArch(**values)
+
+
+def _hf_config(arch: ModelArch) -> dict[str, Any]:
+    """The Hugging Face config.json a checkpoint with ``arch`` would ship."""
+    config: dict[str, Any] = {
+        "architectures": ["Qwen2ForCausalLM" if arch.attention_bias else "LlamaForCausalLM"],
+        "model_type": "qwen2" if arch.attention_bias else "llama",
+        "num_hidden_layers": arch.num_layers,
+        "hidden_size": arch.hidden_size,
+        "num_attention_heads": arch.num_attention_heads,
+        "num_key_value_heads": arch.num_key_value_heads,
+        "head_dim": arch.head_dim,
+        "intermediate_size": arch.intermediate_size,
+        "vocab_size": arch.vocab_size,
+        "tie_word_embeddings": arch.tie_word_embeddings,
+        "max_position_embeddings": arch.max_position_embeddings,
+        "rms_norm_eps": 1e-5,
+        "torch_dtype": "bfloat16",
+    }
+    return config
+
+
+def _write(directory: Path, config: dict[str, Any]) -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    file = directory / "config.json"
+    file.write_text(json.dumps(config), encoding="utf-8")
+    return file
+
+
+def test_catalogue_keys() -> None:
+    assert model_names() == [
+        "llama-3.1-8b",
+        "llama-3.1-70b",
+        "llama-3.1-405b",
+        "llama-3.3-70b",
+        "mistral-7b",
+        "qwen2.5-7b",
+        "qwen2.5-32b",
+        "qwen2.5-72b",
+    ]
+    assert all(arch.name == key for key, arch in MODEL_CATALOG.items())
+
+
+@pytest.mark.parametrize(
+    ("key", "published", "tolerance"),
+    [
+        ("llama-3.1-8b", 8.03e9, 0.005),
+        ("llama-3.1-70b", 70.55e9, 0.005),
+        ("llama-3.1-405b", 405.85e9, 0.005),
+        ("llama-3.3-70b", 70.55e9, 0.005),
+        ("qwen2.5-7b", 7.62e9, 0.01),
+        ("qwen2.5-32b", 32.8e9, 0.01),
+        ("qwen2.5-72b", 72.7e9, 0.01),
+        ("mistral-7b", 7.24e9, 0.01),
+    ],
+)
+def test_num_params_match_published_sizes(key: str, published: float, tolerance: float) -> None:
+    assert get_model(key).num_params == pytest.approx(published, rel=tolerance)
+
+
+def test_exact_parameter_counts() -> None:
+    # Tensor-element totals of the published safetensors checkpoints.
+    assert get_model("llama-3.1-8b").num_params == 8_030_261_248
+    assert get_model("qwen2.5-7b").num_params == 7_615_616_512
+    assert get_model("mistral-7b").num_params == 7_248_023_552
+
+
+def test_llama_8b_parameter_breakdown() -> None:
+    arch = get_model("llama-3.1-8b")
+    assert arch.attention_params_per_layer == 4096 * 4096 * 2 + 4096 * 1024 * 2
+    assert arch.mlp_params_per_layer == 3 * 4096 * 14336
+    assert arch.linear_params_per_layer == 41_943_040 + 176_160_768
+    assert arch.embedding_params == arch.lm_head_params == 128256 * 4096
+
+
+def test_qwen_attention_counts_qkv_biases() -> None:
+    arch = get_model("qwen2.5-7b")
+    weights = 3584 * 3584 * 2 + 3584 * 512 * 2
+    assert arch.attention_params_per_layer == weights + 3584 + 2 * 512
+    without_bias = dataclasses.replace(arch, attention_bias=False)
+    assert arch.num_params - without_bias.num_params == 28 * (3584 + 2 * 512)
+
+
+def test_output_bias_adds_hidden_size_per_layer() -> None:
+    plain = _arch(attention_bias=True)
+    assert _arch(attention_bias=True, attention_output_bias=True).num_params == (
+        plain.num_params + 2 * 64
+    )
+
+
+def test_tied_embeddings_have_no_lm_head() -> None:
+    untied, tied = _arch(), _arch(tie_word_embeddings=True)
+    assert tied.lm_head_params == 0
+    assert untied.num_params - tied.num_params == 1000 * 64
+
+
+def test_kv_bytes_per_token() -> None:
+    arch = get_model("llama-3.1-8b")
+    assert arch.kv_bytes_per_token("bf16") == 131072
+    assert arch.kv_bytes_per_token("fp8") == 65536
+    assert get_model("llama-3.1-70b").kv_bytes_per_token("bf16") == 2 * 80 * 8 * 128 * 2
+
+
+def test_weight_bytes() -> None:
+    arch = get_model("llama-3.1-8b")
+    assert arch.weight_bytes("bf16") == 2 * 8_030_261_248
+    assert arch.weight_bytes("int4") == 8_030_261_248 / 2
+    with pytest.raises(ValueError, match="unknown dtype"):
+        arch.weight_bytes("q4_k_m")
+
+
+@pytest.mark.parametrize(
+    ("name", "key"),
+    [
+        ("llama-3.1-8b", "llama-3.1-8b"),
+        ("Llama-3.1-8B", "llama-3.1-8b"),
+        ("meta-llama/Llama-3.1-8B", "llama-3.1-8b"),
+        ("meta-llama/Meta-Llama-3.1-8B-Instruct", "llama-3.1-8b"),
+        ("meta-llama/Llama-3.1-70B-Instruct", "llama-3.1-70b"),
+        ("meta-llama/Meta-Llama-3.1-405B", "llama-3.1-405b"),
+        ("meta-llama/Llama-3.3-70B-Instruct", "llama-3.3-70b"),
+        ("mistralai/Mistral-7B-v0.3", "mistral-7b"),
+        ("mistralai/Mistral-7B-Instruct-v0.3", "mistral-7b"),
+        ("Qwen/Qwen2.5-7B-Instruct", "qwen2.5-7b"),
+        ("Qwen/Qwen2.5-72B", "qwen2.5-72b"),
+        ("QWEN2.5_32B", "qwen2.5-32b"),
+    ],
+)
+def test_get_model_aliases(name: str, key: str) -> None:
+    assert get_model(name) is MODEL_CATALOG[key]
+
+
+def test_get_model_unknown_suggests_closest() -> None:
+    with pytest.raises(ValueError, match=r"unknown model 'llama-3.1-80b'; did you mean 'llama-3.1"):
+        get_model("llama-3.1-80b")
+    with pytest.raises(ValueError, match=r"unknown model 'gpt-2'; known: llama-3\.1-8b"):
+        get_model("gpt-2")
+    # v0.1 has a different vocabulary and a sliding window: it must not resolve to v0.3.
+    with pytest.raises(ValueError, match="unknown model"):
+        get_model("mistralai/Mistral-7B-v0.1")
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("num_layers", 0),
+        ("hidden_size", -1),
+        ("head_dim", 1.5),
+        ("vocab_size", True),
+        ("max_position_embeddings", None),
+    ],
+)
+def test_invalid_arch_names_the_field(field: str, value: object) -> None:
+    with pytest.raises(ValueError, match=f"ModelArch 'tiny': {field} must be a positive integer"):
+        _arch(**{field: value})
+
+
+def test_heads_must_be_multiple_of_kv_heads() -> None:
+    with pytest.raises(ValueError, match=r"num_attention_heads \(4\) must be a multiple"):
+        _arch(num_key_value_heads=3)
+
+
+def test_flags_must_be_bool() -> None:
+    with pytest.raises(ValueError, match="tie_word_embeddings must be true or false"):
+        _arch(tie_word_embeddings="false")
+
+
+@pytest.mark.parametrize("key", list(MODEL_CATALOG))
+def test_load_hf_config_round_trips_catalogue(tmp_path: Path, key: str) -> None:
+    arch = MODEL_CATALOG[key]
+    _write(tmp_path / "model", _hf_config(arch))
+    loaded = load_hf_config(tmp_path / "model")
+    assert loaded.name == "model"
+    assert dataclasses.replace(loaded, name=arch.name) == arch
+
+
+def test_load_hf_config_llama_8b_file_path_and_name(tmp_path: Path) -> None:
+    arch = get_model("llama-3.1-8b")
+    config = _hf_config(arch) | {"_name_or_path": "meta-llama/Llama-3.1-8B"}
+    file = _write(tmp_path / "whatever", config)
+    loaded = load_hf_config(str(file))
+    assert loaded.name == "meta-llama/Llama-3.1-8B"
+    assert dataclasses.replace(loaded, name=arch.name) == arch
+
+
+def test_load_hf_config_defaults(tmp_path: Path) -> None:
+    # Original Llama-3.1 configs have no head_dim; old configs omit num_key_value_heads.
+    config = {
+        "model_type": "llama",
+        "num_hidden_layers": 2,
+        "hidden_size": 64,
+        "num_attention_heads": 4,
+        "intermediate_size": 128,
+        "vocab_size": 1000,
+    }
+    loaded = load_hf_config(_write(tmp_path / "tiny", config))
+    assert loaded == _arch(
+        num_key_value_heads=4,
+        head_dim=16,
+        max_position_embeddings=2048,
+    )
+    qwen = load_hf_config(_write(tmp_path / "qwen", config | {"model_type": "qwen2"}))
+    assert (qwen.attention_bias, qwen.attention_output_bias) == (True, False)
+    assert qwen.max_position_embeddings == 32768
+
+
+def test_load_hf_config_llama_attention_bias_covers_output(tmp_path: Path) -> None:
+    config = _hf_config(_arch()) | {"attention_bias": True}
+    loaded = load_hf_config(_write(tmp_path / "biased", config))
+    assert (loaded.attention_bias, loaded.attention_output_bias) == (True, True)
+
+
+def test_load_hf_config_missing_key(tmp_path: Path) -> None:
+    config = _hf_config(get_model("llama-3.1-8b"))
+    del config["hidden_size"]
+    file = _write(tmp_path / "broken", config)
+    with pytest.raises(ValueError, match=r"config.json at .*broken.*missing 'hidden_size'"):
+        load_hf_config(file)
+
+
+def test_load_hf_config_malformed_json(tmp_path: Path) -> None:
+    file = tmp_path / "bad" / "config.json"
+    file.parent.mkdir()
+    file.write_text('{"hidden_size": 4096,\n "vocab_size": }', encoding="utf-8")
+    with pytest.raises(ValueError, match=r"bad.config\.json is not valid JSON: .* line 2 column"):
+        load_hf_config(file.parent)
+
+
+def test_load_hf_config_missing_file(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match=r"cannot read model config .*nowhere"):
+        load_hf_config(tmp_path / "nowhere" / "config.json")
+
+
+def test_load_hf_config_rejects_non_integer_and_moe(tmp_path: Path) -> None:
+    base = _hf_config(_arch())
+    with pytest.raises(ValueError, match="'vocab_size' must be a positive integer, got '1000'"):
+        load_hf_config(_write(tmp_path / "str", base | {"vocab_size": "1000"}))
+    with pytest.raises(ValueError, match="num_local_experts=8 marks a mixture-of-experts"):
+        load_hf_config(_write(tmp_path / "moe", base | {"num_local_experts": 8}))
+    with pytest.raises(ValueError, match="expected a JSON object"):
+        load_hf_config(_write(tmp_path / "list", [1, 2]))  # type: ignore[arg-type]
