@@ -1,0 +1,306 @@
+"""Iteration-time models: how long one engine step takes, given what the step computes.
+
+Every backend implements :class:`IterationTimeModel` (``step_time(batch) -> seconds``). The batch
+is summarised by :class:`BatchShape`, which carries exactly what iteration cost depends on: tokens
+through the linear layers, attention work of prefill chunks against their context, KV bytes read
+by decodes, and rows through the LM head.
+
+Backends here:
+
+* :class:`RooflineModel` — from model architecture × GPU specs × TP × dtype: each operator group
+  costs ``max(FLOPs / achievable FLOP rate, bytes / achievable bandwidth)``, plus the TP
+  all-reduces and a fixed per-step CPU overhead. The efficiency factors are documented parameters
+  (the calibration package fits the coefficients of a measured model instead).
+* :class:`ConstantStepModel` / :class:`ExponentialStepModel` — a fixed or random step time, used
+  to check the event engine against queueing theory (M/D/1, M/M/1).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+
+from sim.hardware import GPU, bytes_per_element
+from sim.models import ModelArch
+
+
+@dataclass(frozen=True, slots=True)
+class BatchShape:
+    """What one engine step computes, aggregated over the requests in it.
+
+    A *prefill* row computes ``n`` new prompt tokens (a chunk, or a recompute after preemption)
+    after ``c`` already-computed tokens; a *decode* row computes the one token sampled last step.
+    """
+
+    num_prefill_tokens: int = 0
+    num_prefill_seqs: int = 0
+    num_decode_seqs: int = 0
+    prefill_attention_pairs: int = 0  # Σ causal (query, key) pairs: n·c + n(n+1)/2 per chunk
+    prefill_context_tokens: int = 0  # Σ c: cached/earlier tokens whose KV each chunk reads
+    decode_context_tokens: int = 0  # Σ tokens each decode attends to (its whole sequence)
+    num_sampled: int = 0  # rows that produce a token this step (LM-head rows)
+
+    @property
+    def num_tokens(self) -> int:
+        """Tokens through the linear layers this step."""
+        return self.num_prefill_tokens + self.num_decode_seqs
+
+    @property
+    def num_seqs(self) -> int:
+        """Requests in the step."""
+        return self.num_prefill_seqs + self.num_decode_seqs
+
+
+def prefill_chunk_pairs(num_new_tokens: int, num_context_tokens: int) -> int:
+    """Causal attention (query, key) pairs of a chunk of ``n`` tokens after ``c`` tokens."""
+    n, c = num_new_tokens, num_context_tokens
+    return n * c + n * (n + 1) // 2
+
+
+class IterationTimeModel(Protocol):
+    """Anything that can say how long an engine step takes."""
+
+    def step_time(self, batch: BatchShape) -> float:
+        """Seconds for one engine step computing ``batch``."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class ConstantStepModel:
+    """Every step takes ``step_s`` seconds whatever it computes (M/D/1 checks)."""
+
+    step_s: float
+
+    def step_time(self, batch: BatchShape) -> float:
+        """The constant step time."""
+        return self.step_s
+
+
+class ExponentialStepModel:
+    """Each step's time is an independent exponential draw with mean ``mean_s`` (M/M/1 checks)."""
+
+    def __init__(self, mean_s: float, rng: np.random.Generator) -> None:
+        self.mean_s = mean_s
+        self._rng = rng
+
+    def step_time(self, batch: BatchShape) -> float:
+        """A fresh exponential draw."""
+        return float(self._rng.exponential(self.mean_s))
+
+
+@dataclass(frozen=True, slots=True)
+class RooflineParams:
+    """Efficiency factors and overheads of the roofline model.
+
+    The GEMM and bandwidth defaults come from a real H100 SXM profile of Llama-3.1-8B (the
+    LLMServingSim layer profile in shared/data/llmservingsim_profiles/H100, PyTorch kernels):
+    its seven projection GEMMs stream weights at ~75–80 % of peak HBM bandwidth for one token
+    (172.8 µs per layer for 436 MB) and reach ~75 % of dense bf16 peak at 2,048 tokens (1.18 ms per
+    layer for 0.89 TFLOP). tests/test_latency.py holds the model to that profile. Attention
+    kernels reach less of peak than GEMMs. A calibration profile replaces all of this with fitted
+    coefficients.
+    """
+
+    compute_efficiency: float = 0.7
+    attention_compute_efficiency: float = 0.45
+    bandwidth_efficiency: float = 0.8
+    step_overhead_s: float = 0.0005  # scheduler + input preparation + sampling on the CPU
+    allreduce_latency_s: float = 8e-6  # per all-reduce call, on NVLink-class links
+    flash_attention: bool = True  # False: naive attention also writes/reads the score matrix
+
+    def __post_init__(self) -> None:
+        for name in ("compute_efficiency", "attention_compute_efficiency", "bandwidth_efficiency"):
+            value = getattr(self, name)
+            if not 0 < value <= 1:
+                raise ValueError(f"{name}: must be in (0, 1], got {value}")
+        if self.step_overhead_s < 0:
+            raise ValueError(f"step_overhead_s: must be >= 0, got {self.step_overhead_s}")
+        if self.allreduce_latency_s < 0:
+            raise ValueError(f"allreduce_latency_s: must be >= 0, got {self.allreduce_latency_s}")
+
+
+class RooflineModel:
+    """Step time from first principles: per-operator max(compute time, memory time).
+
+    * Linear layers (QKV/O projections and the gated MLP): ``2·T·params`` FLOPs for ``T``
+      tokens, against streaming the layer weights once per step. This is what makes small
+      batches memory-bound and large ones compute-bound.
+    * LM head: only rows that sample a token.
+    * Attention: prefill chunks cost ``4·head_dim·heads`` FLOPs per causal (query, key) pair;
+      decodes read their whole KV (``2·kv_heads·head_dim`` elements per token per layer).
+    * Tensor parallelism divides weights, heads and FLOPs by ``tp`` and adds two ring
+      all-reduces of the activations per layer.
+    """
+
+    def __init__(
+        self,
+        model: ModelArch,
+        gpu: GPU,
+        *,
+        dtype: str = "bf16",
+        kv_dtype: str | None = None,
+        tensor_parallel_size: int = 1,
+        params: RooflineParams | None = None,
+    ) -> None:
+        self.model = model
+        self.gpu = gpu
+        self.tp = tensor_parallel_size
+        self.params = params or RooflineParams()
+        p = self.params
+        weight_bytes = bytes_per_element(dtype)
+        kv_bytes = bytes_per_element(kv_dtype or dtype)
+        # Activations stay in 16 bits even for quantized weights (W8A16/W4A16); fp8 and int8
+        # run the GEMMs at their own tensor rate.
+        activation_bytes = 2.0
+        flops = gpu.tensor_flops(dtype if dtype in ("fp8", "int8") else "bf16")
+        self._gemm_flops_per_s = flops * p.compute_efficiency
+        self._attn_flops_per_s = gpu.tensor_flops("bf16") * p.attention_compute_efficiency
+        self._bytes_per_s = gpu.memory_bandwidth_bytes_per_s * p.bandwidth_efficiency
+        tp = self.tp
+        layers = model.num_layers
+        self._linear_flops_per_token = 2.0 * model.linear_params_per_layer * layers / tp
+        self._linear_weight_bytes = model.linear_params_per_layer * layers * weight_bytes / tp
+        head_params = model.hidden_size * model.vocab_size
+        self._head_flops_per_row = 2.0 * head_params / tp
+        self._head_weight_bytes = head_params * weight_bytes / tp
+        heads_per_gpu = model.num_attention_heads / tp
+        kv_heads_per_gpu = max(1.0, model.num_key_value_heads / tp)  # replicated when tp > kv heads
+        self._attn_flops_per_pair = 4.0 * model.head_dim * heads_per_gpu * layers
+        self._kv_bytes_per_token = 2.0 * kv_heads_per_gpu * model.head_dim * kv_bytes * layers
+        # Naive attention materialises the score matrix (fp32 write + read) per head and layer.
+        self._score_bytes_per_pair = 0.0 if p.flash_attention else 8.0 * heads_per_gpu * layers
+        self._activation_bytes_per_token = model.hidden_size * activation_bytes
+        self._allreduces_per_step = 2 * layers if tp > 1 else 0
+        link = gpu.link_bandwidth_bytes_per_s
+        self._allreduce_s_per_byte = 2.0 * (tp - 1) / tp / link if tp > 1 else 0.0
+
+    def step_time(self, batch: BatchShape) -> float:
+        """Seconds for one step; zero tokens costs only the overhead."""
+        tokens = batch.num_tokens
+        if tokens == 0:
+            return self.params.step_overhead_s
+        return (
+            self.linear_time(tokens)
+            + self.lm_head_time(batch.num_sampled)
+            + self.attention_time(batch)
+            + self.communication_time(tokens)
+            + self.params.step_overhead_s
+        )
+
+    def linear_time(self, num_tokens: int) -> float:
+        """QKV/O projections and the MLP of every layer for ``num_tokens`` tokens."""
+        return max(
+            num_tokens * self._linear_flops_per_token / self._gemm_flops_per_s,
+            self._linear_weight_bytes / self._bytes_per_s,
+        )
+
+    def lm_head_time(self, num_rows: int) -> float:
+        """The LM head for the rows that sample a token (zero when none do)."""
+        if not num_rows:
+            return 0.0
+        return max(
+            num_rows * self._head_flops_per_row / self._gemm_flops_per_s,
+            self._head_weight_bytes / self._bytes_per_s,
+        )
+
+    def attention_time(self, batch: BatchShape) -> float:
+        """Prefill chunks (compute-heavy) plus decodes (KV-read-heavy), every layer."""
+        total = 0.0
+        if batch.num_prefill_tokens:
+            pairs = batch.prefill_attention_pairs
+            kv_tokens = batch.prefill_context_tokens + batch.num_prefill_tokens
+            total += max(
+                pairs * self._attn_flops_per_pair / self._attn_flops_per_s,
+                (kv_tokens * self._kv_bytes_per_token + pairs * self._score_bytes_per_pair)
+                / self._bytes_per_s,
+            )
+        if batch.num_decode_seqs:
+            context = batch.decode_context_tokens
+            total += max(
+                context * self._attn_flops_per_pair / self._attn_flops_per_s,
+                context
+                * (self._kv_bytes_per_token + self._score_bytes_per_pair)
+                / self._bytes_per_s,
+            )
+        return total
+
+    def communication_time(self, num_tokens: int) -> float:
+        """Two ring all-reduces of the activations per layer under tensor parallelism."""
+        if not self._allreduces_per_step:
+            return 0.0
+        message_bytes = num_tokens * self._activation_bytes_per_token
+        return self._allreduces_per_step * (
+            self.params.allreduce_latency_s + message_bytes * self._allreduce_s_per_byte
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryPlan:
+    """How a replica's GPU memory is split, and the KV capacity that results."""
+
+    gpu_memory_bytes: float
+    usable_bytes: float
+    weight_bytes: float
+    activation_bytes: float
+    kv_bytes: float
+    kv_bytes_per_token: float
+    num_blocks: int
+    block_size: int
+
+    @property
+    def kv_capacity_tokens(self) -> int:
+        """Tokens the KV cache holds across all requests."""
+        return self.num_blocks * self.block_size
+
+
+#: vLLM's non-torch memory (CUDA context, NCCL buffers) and CUDA-graph pools, per GPU. vLLM
+#: measures these at start-up; about 1–2 GiB is typical on Hopper, so we reserve 1.5 GB.
+FIXED_RESERVE_BYTES = 1.5e9
+
+
+def plan_memory(
+    model: ModelArch,
+    gpu: GPU,
+    *,
+    dtype: str,
+    kv_dtype: str | None,
+    tensor_parallel_size: int,
+    gpu_memory_utilization: float,
+    max_num_batched_tokens: int,
+    block_size: int,
+) -> MemoryPlan:
+    """KV blocks per replica, as vLLM sizes them at start-up.
+
+    Per GPU: ``memory × gpu_memory_utilization − weights/TP − peak activations − fixed
+    reserve`` is left for KV; divided by the KV bytes per token per GPU and rounded down to whole
+    blocks. Peak activations are those of a forward pass over ``max_num_batched_tokens`` tokens
+    (the MLP's gate/up output dominates). Raises ValueError when the weights do not fit.
+    """
+    tp = tensor_parallel_size
+    weight_bytes = model.weight_bytes(dtype) / tp
+    usable = gpu.memory_bytes * gpu_memory_utilization
+    tokens = max_num_batched_tokens
+    activation = tokens * (4 * model.hidden_size + 3 * model.intermediate_size / tp) * 2.0
+    kv_per_token = model.kv_bytes_per_token(kv_dtype or dtype) / min(tp, model.num_key_value_heads)
+    kv_bytes = usable - weight_bytes - activation - FIXED_RESERVE_BYTES
+    if kv_bytes < kv_per_token * block_size:
+        need_gb = (weight_bytes + activation + FIXED_RESERVE_BYTES) / 1e9
+        raise ValueError(
+            f"model {model.name} ({dtype}, TP={tp}) does not fit on {gpu.name}: needs about "
+            f"{need_gb:.1f} GB per GPU before any KV cache, {usable / 1e9:.1f} GB usable at "
+            f"gpu_memory_utilization={gpu_memory_utilization}; raise tensor_parallel_size, "
+            "quantize (dtype: fp8), or pick a larger GPU"
+        )
+    num_blocks = int(kv_bytes // (kv_per_token * block_size))
+    return MemoryPlan(
+        gpu_memory_bytes=gpu.memory_bytes,
+        usable_bytes=usable,
+        weight_bytes=weight_bytes,
+        activation_bytes=activation,
+        kv_bytes=kv_bytes,
+        kv_bytes_per_token=kv_per_token,
+        num_blocks=num_blocks,
+        block_size=block_size,
+    )

@@ -1,0 +1,417 @@
+"""Engine schedulers: state in, :class:`StepPlan` out. No SimPy, no clock of their own.
+
+:class:`ContinuousBatchScheduler` follows vLLM v1's scheduler. Each step has one token budget
+(``max_num_batched_tokens``). Running requests are served first, in order: a decode takes one
+token, an unfinished prefill takes its next chunk. When a running request cannot get KV blocks,
+the most recently admitted running request is preempted (FCFS; under the priority policy the
+lowest-priority, latest-arriving one): its blocks are freed, its computed tokens are lost except
+for what stays in the prefix cache, and it goes back to the *front* of the waiting queue. If
+nothing was preempted, waiting requests are admitted in policy order while the budget, the KV
+cache and ``max_num_seqs`` allow. With chunked prefill off, a prompt's whole prefill must fit in
+the remaining budget of one step.
+
+:class:`StaticBatchScheduler` is the pre-continuous-batching policy, for comparison: a batch is
+formed only when the engine is idle, every member's KV for its full length is reserved up front,
+all prompts are prefilled, then the whole batch decodes until its longest member is done
+(finished members keep their slot and are computed as padding). With ``batch_window_s > 0`` it
+is a dynamic (time-window) batcher: it waits up to that long after the oldest waiting request
+for the batch to fill.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import math
+from array import array
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Literal, Protocol
+
+from sim.kv_cache import KVCacheManager
+from sim.latency import BatchShape, prefill_chunk_pairs
+from sim.request import Record, Request, RequestStatus
+
+Policy = Literal["fcfs", "priority"]
+
+
+@dataclass(slots=True, eq=False)
+class Sequence:
+    """A request inside an engine: its progress and its record."""
+
+    request: Request
+    record: Record
+    keys: list[int]  # chained keys of the full blocks of prompt + output
+    num_computed_tokens: int = 0
+    num_generated: int = 0
+    last_token_s: float = math.nan
+    finished: bool = False
+
+    @property
+    def request_id(self) -> int:
+        """The request's id (also the KV cache's owner id)."""
+        return self.request.request_id
+
+    @property
+    def num_tokens(self) -> int:
+        """Tokens known so far: the prompt plus every token generated."""
+        return self.request.prompt_tokens + self.num_generated
+
+
+@dataclass(slots=True)
+class StepPlan:
+    """One engine step: who computes how many tokens, and who was preempted to make room."""
+
+    scheduled: list[tuple[Sequence, int]]
+    preempted: list[Sequence]
+    batch: BatchShape
+    padding: list[Sequence] = field(default_factory=list)  # static batching: finished members
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerConfig:
+    """The engine knobs the scheduler obeys (vLLM names)."""
+
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    enable_chunked_prefill: bool = True
+    policy: Policy = "fcfs"
+    record_token_times: bool = False
+
+
+class Scheduler(Protocol):
+    """What the replica's engine loop needs from a scheduler."""
+
+    kv: KVCacheManager
+    itl_samples: array[float]
+    num_preemptions: int
+
+    def add(self, seq: Sequence) -> None:
+        """Queue a newly arrived request."""
+        ...
+
+    def schedule(self, now: float) -> StepPlan | None:
+        """Plan the next step, or None when there is nothing to run now."""
+        ...
+
+    def complete(self, plan: StepPlan, now: float) -> list[Sequence]:
+        """Apply a finished step at time ``now``; return the sequences that finished."""
+        ...
+
+    def wake_time(self, now: float) -> float | None:
+        """When an idle engine should look again even without an arrival (None: only on one)."""
+        ...
+
+    @property
+    def num_waiting(self) -> int:
+        """Requests waiting to be admitted."""
+        ...
+
+    @property
+    def num_running(self) -> int:
+        """Requests admitted and not finished."""
+        ...
+
+
+class _WaitingQueue:
+    """FCFS deque or a priority heap ordered by (priority, arrival, id); preempted go first."""
+
+    def __init__(self, policy: Policy) -> None:
+        self.policy = policy
+        self._deque: deque[Sequence] = deque()
+        self._heap: list[tuple[int, float, int, Sequence]] = []
+        self._tiebreak = itertools.count()
+
+    def __len__(self) -> int:
+        return len(self._deque) if self.policy == "fcfs" else len(self._heap)
+
+    def push(self, seq: Sequence) -> None:
+        if self.policy == "fcfs":
+            self._deque.append(seq)
+        else:
+            self._push_heap(seq)
+
+    def push_front(self, seq: Sequence) -> None:
+        if self.policy == "fcfs":
+            self._deque.appendleft(seq)
+        else:
+            self._push_heap(seq)
+
+    def _push_heap(self, seq: Sequence) -> None:
+        request = seq.request
+        entry = (request.priority, request.arrival_s, next(self._tiebreak), seq)
+        heapq.heappush(self._heap, entry)
+
+    def peek(self) -> Sequence:
+        return self._deque[0] if self.policy == "fcfs" else self._heap[0][3]
+
+    def pop(self) -> Sequence:
+        return self._deque.popleft() if self.policy == "fcfs" else heapq.heappop(self._heap)[3]
+
+
+class _TokenEmitter:
+    """Shared step completion: advance computed tokens, emit tokens, finish requests."""
+
+    kv: KVCacheManager
+    config: SchedulerConfig
+    itl_samples: array[float]
+
+    def _advance(self, seq: Sequence, num_new_tokens: int, now: float) -> bool:
+        """Count a step's tokens for ``seq``; emit a token if it caught up. True if it finished."""
+        seq.num_computed_tokens += num_new_tokens
+        if seq.num_computed_tokens < seq.num_tokens:
+            return False  # a prefill chunk that is not the last one
+        record = seq.record
+        seq.num_generated += 1
+        if seq.num_generated == 1:
+            record.first_token_s = now
+        else:
+            self.itl_samples.append(now - seq.last_token_s)
+        seq.last_token_s = now
+        if self.config.record_token_times:
+            record.token_times_s.append(now)
+        if seq.num_generated < seq.request.output_tokens:
+            return False
+        seq.finished = True
+        record.finish_s = now
+        record.status = RequestStatus.OK
+        return True
+
+
+def _shape(
+    rows: list[tuple[Sequence, int]], num_padding: int = 0, padding_context: int = 0
+) -> BatchShape:
+    """Aggregate a step's rows into the shape the iteration-time model needs."""
+    prefill_tokens = prefill_seqs = decode_seqs = pairs = prefill_context = decode_context = 0
+    sampled = 0
+    for seq, n in rows:
+        computed = seq.num_computed_tokens
+        if n == 1 and seq.num_generated > 0 and computed == seq.num_tokens - 1:
+            decode_seqs += 1
+            decode_context += computed + 1
+        else:
+            prefill_seqs += 1
+            prefill_tokens += n
+            prefill_context += computed
+            pairs += prefill_chunk_pairs(n, computed)
+        if computed + n == seq.num_tokens:
+            sampled += 1
+    return BatchShape(
+        num_prefill_tokens=prefill_tokens,
+        num_prefill_seqs=prefill_seqs,
+        num_decode_seqs=decode_seqs + num_padding,
+        prefill_attention_pairs=pairs,
+        prefill_context_tokens=prefill_context,
+        decode_context_tokens=decode_context + padding_context,
+        num_sampled=sampled + num_padding,
+    )
+
+
+class ContinuousBatchScheduler(_TokenEmitter):
+    """vLLM-v1-style continuous batching with chunked prefill and preemption by recompute."""
+
+    def __init__(self, config: SchedulerConfig, kv: KVCacheManager) -> None:
+        self.config = config
+        self.kv = kv
+        self.waiting = _WaitingQueue(config.policy)
+        self.running: list[Sequence] = []
+        self.itl_samples: array[float] = array("d")
+        self.num_preemptions = 0
+
+    @property
+    def num_waiting(self) -> int:
+        """Requests waiting to be admitted (including preempted ones)."""
+        return len(self.waiting)
+
+    @property
+    def num_running(self) -> int:
+        """Requests holding KV blocks."""
+        return len(self.running)
+
+    def add(self, seq: Sequence) -> None:
+        """Queue a newly arrived request at the back (or by priority)."""
+        self.waiting.push(seq)
+
+    def wake_time(self, now: float) -> float | None:
+        """Continuous batching never waits on a timer."""
+        return None
+
+    def _preempt(self, victim: Sequence) -> None:
+        self.kv.free(victim.request_id)
+        victim.num_computed_tokens = 0
+        victim.record.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.push_front(victim)
+
+    def _pick_victim(self) -> Sequence:
+        if self.config.policy == "fcfs":
+            return self.running.pop()
+        victim = max(self.running, key=lambda s: (s.request.priority, s.request.arrival_s))
+        self.running.remove(victim)
+        return victim
+
+    def schedule(self, now: float) -> StepPlan | None:
+        """Plan one step: running requests first, then admissions if nothing was preempted."""
+        config = self.config
+        kv = self.kv
+        budget = config.max_num_batched_tokens
+        scheduled: list[tuple[Sequence, int]] = []
+        scheduled_ids: dict[int, int] = {}  # request id -> index in scheduled
+        preempted: list[Sequence] = []
+
+        index = 0
+        while index < len(self.running) and budget > 0:
+            seq = self.running[index]
+            num_new = seq.num_tokens - seq.num_computed_tokens
+            if config.enable_chunked_prefill:
+                num_new = min(num_new, budget)
+            elif num_new > budget:
+                index += 1
+                continue
+            assert num_new > 0
+            while not kv.allocate_slots(seq.request_id, seq.keys, seq.num_computed_tokens, num_new):
+                victim = self._pick_victim()
+                if victim.request_id in scheduled_ids:
+                    # Priority policy: undo the victim's place in this step.
+                    position = scheduled_ids.pop(victim.request_id)
+                    budget += scheduled[position][1]
+                    scheduled[position] = (victim, 0)
+                self._preempt(victim)
+                preempted.append(victim)
+                if victim is seq:
+                    break
+            else:
+                scheduled_ids[seq.request_id] = len(scheduled)
+                scheduled.append((seq, num_new))
+                budget -= num_new
+                index += 1
+                continue
+            # ``seq`` itself was preempted: nothing after it can be scheduled either.
+            if config.policy == "fcfs":
+                break
+            index = self.running.index(seq) + 1 if seq in self.running else index
+        scheduled = [(s, n) for s, n in scheduled if n > 0]
+
+        if not preempted:
+            while len(self.waiting) and budget > 0 and len(self.running) < config.max_num_seqs:
+                seq = self.waiting.peek()
+                computed_blocks: list[int] = []
+                num_hit = 0
+                if seq.num_computed_tokens == 0:
+                    computed_blocks, num_hit = kv.get_computed_blocks(seq.keys, seq.num_tokens)
+                num_new = seq.num_tokens - num_hit
+                if not config.enable_chunked_prefill and num_new > budget:
+                    break
+                num_new = min(num_new, budget)
+                if not kv.allocate_slots(
+                    seq.request_id, seq.keys, num_hit, num_new, computed_blocks
+                ):
+                    break
+                kv.record_lookup(seq.num_tokens, num_hit)
+                self.waiting.pop()
+                seq.num_computed_tokens = num_hit
+                record = seq.record
+                if math.isnan(record.scheduled_s):
+                    record.scheduled_s = now
+                    record.cached_tokens = num_hit
+                self.running.append(seq)
+                scheduled.append((seq, num_new))
+                budget -= num_new
+
+        if not scheduled:
+            return None if not preempted else StepPlan([], preempted, BatchShape())
+        return StepPlan(scheduled, preempted, _shape(scheduled))
+
+    def complete(self, plan: StepPlan, now: float) -> list[Sequence]:
+        """Advance every scheduled request by its tokens; free and return the finished ones."""
+        finished = []
+        for seq, num_new in plan.scheduled:
+            if self._advance(seq, num_new, now):
+                self.kv.free(seq.request_id)
+                finished.append(seq)
+        if finished:
+            self.running = [s for s in self.running if not s.finished]
+        return finished
+
+
+class StaticBatchScheduler(_TokenEmitter):
+    """Static batching (``batch_window_s == 0``) or dynamic time-window batching (``> 0``)."""
+
+    def __init__(self, config: SchedulerConfig, kv: KVCacheManager, batch_window_s: float = 0.0):
+        self.config = config
+        self.kv = kv
+        self.batch_window_s = batch_window_s
+        self.waiting = _WaitingQueue(config.policy)
+        self.batch: list[Sequence] = []
+        self.itl_samples: array[float] = array("d")
+        self.num_preemptions = 0
+
+    @property
+    def num_waiting(self) -> int:
+        """Requests waiting for the next batch."""
+        return len(self.waiting)
+
+    @property
+    def num_running(self) -> int:
+        """Members of the current batch, finished ones included (they hold their slot)."""
+        return len(self.batch)
+
+    def add(self, seq: Sequence) -> None:
+        """Queue a request for a later batch."""
+        self.waiting.push(seq)
+
+    def wake_time(self, now: float) -> float | None:
+        """With a window, the moment the oldest waiting request's window closes."""
+        if self.batch or not len(self.waiting) or self.batch_window_s <= 0:
+            return None
+        return self.waiting.peek().request.arrival_s + self.batch_window_s
+
+    def _form_batch(self, now: float) -> None:
+        config = self.config
+        if self.batch_window_s > 0 and len(self.waiting) < config.max_num_seqs:
+            deadline = self.waiting.peek().request.arrival_s + self.batch_window_s
+            if now < deadline:
+                return
+        while len(self.waiting) and len(self.batch) < config.max_num_seqs:
+            seq = self.waiting.peek()
+            # Reserve the whole sequence up front; no prefix reuse in this policy.
+            if not self.kv.allocate_slots(seq.request_id, (), 0, seq.request.total_tokens):
+                break
+            self.waiting.pop()
+            seq.record.scheduled_s = now
+            self.batch.append(seq)
+
+    def schedule(self, now: float) -> StepPlan | None:
+        """Prefill the batch's prompts within the budget, then decode the batch in lockstep."""
+        if not self.batch:
+            if not len(self.waiting):
+                return None
+            self._form_batch(now)
+            if not self.batch:
+                return None
+        budget = self.config.max_num_batched_tokens
+        prefills = [s for s in self.batch if s.num_computed_tokens < s.request.prompt_tokens]
+        if prefills:
+            rows = []
+            for seq in prefills:
+                if budget <= 0:
+                    break
+                n = min(seq.request.prompt_tokens - seq.num_computed_tokens, budget)
+                rows.append((seq, n))
+                budget -= n
+            return StepPlan(rows, [], _shape(rows))
+        rows = [(s, 1) for s in self.batch if not s.finished]
+        padding = [s for s in self.batch if s.finished]
+        padding_context = sum(s.num_computed_tokens for s in padding)
+        return StepPlan(rows, [], _shape(rows, len(padding), padding_context), padding)
+
+    def complete(self, plan: StepPlan, now: float) -> list[Sequence]:
+        """Advance the batch; release it (KV and slots) only when every member is done."""
+        finished = [seq for seq, n in plan.scheduled if self._advance(seq, n, now)]
+        for seq in plan.padding:
+            seq.num_computed_tokens += 1
+        if all(s.finished for s in self.batch):
+            for seq in self.batch:
+                self.kv.free(seq.request_id)
+            self.batch = []
+        return finished

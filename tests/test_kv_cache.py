@@ -1,0 +1,170 @@
+"""Exact tests of the paged KV cache: block ids, free-queue order, prefix hits and eviction."""
+
+from __future__ import annotations
+
+import pytest
+
+from sim.kv_cache import FreeBlockQueue, KVCacheManager
+from sim.request import block_keys
+
+BLOCK = 16
+
+
+def keys_for(source: int, num_tokens: int) -> list[int]:
+    return block_keys([(source, num_tokens)], BLOCK, num_tokens)
+
+
+def test_free_queue_pops_from_head_and_removes_from_the_middle() -> None:
+    queue = FreeBlockQueue(5)
+    assert queue.ids() == [0, 1, 2, 3, 4]
+    assert queue.popleft() == 0
+    queue.remove(3)
+    assert queue.ids() == [1, 2, 4]
+    queue.append(0)
+    queue.append(3)
+    assert queue.ids() == [1, 2, 4, 0, 3]
+    assert queue.num_free == 5
+    assert 3 in queue and queue.popleft() == 1 and 1 not in queue
+
+
+def test_allocation_takes_blocks_in_order_and_free_returns_them_tail_first() -> None:
+    kv = KVCacheManager(8, BLOCK, enable_prefix_caching=True)
+    assert kv.allocate_slots(1, keys_for(1, 40), 0, 40)
+    assert kv.blocks_of(1) == [0, 1, 2]  # 40 tokens -> 3 blocks
+    assert kv.allocate_slots(2, keys_for(2, 20), 0, 20)
+    assert kv.blocks_of(2) == [3, 4]
+    kv.free(1)
+    # Tail blocks of the freed request are evicted first.
+    assert kv.free_queue.ids() == [5, 6, 7, 2, 1, 0]
+    assert kv.num_free_blocks == 6
+    kv.check_invariants()
+
+
+def test_growing_a_request_adds_a_block_only_when_the_last_one_is_full() -> None:
+    kv = KVCacheManager(4, BLOCK, enable_prefix_caching=False)
+    assert kv.allocate_slots(7, [], 0, 16)
+    assert kv.blocks_of(7) == [0]
+    assert kv.allocate_slots(7, [], 16, 0)  # nothing new needed
+    assert kv.blocks_of(7) == [0]
+    assert kv.allocate_slots(7, [], 16, 1)
+    assert kv.blocks_of(7) == [0, 1]
+
+
+def test_failed_allocation_changes_nothing() -> None:
+    kv = KVCacheManager(3, BLOCK, enable_prefix_caching=True)
+    assert kv.allocate_slots(1, keys_for(1, 32), 0, 32)
+    assert not kv.allocate_slots(2, keys_for(2, 32), 0, 32)
+    assert kv.blocks_of(2) == []
+    assert kv.free_queue.ids() == [2]
+    kv.check_invariants()
+
+
+def test_prefix_hit_reuses_full_blocks_of_a_finished_request() -> None:
+    kv = KVCacheManager(10, BLOCK, enable_prefix_caching=True)
+    shared = keys_for(99, 48)
+    assert kv.allocate_slots(1, shared, 0, 48)
+    kv.free(1)
+    hit, num_hit = kv.get_computed_blocks(shared[:2] + keys_for(5, 48)[2:], 64)
+    assert hit == [0, 1]
+    assert num_hit == 32
+
+
+def test_a_full_hit_still_recomputes_the_last_token() -> None:
+    kv = KVCacheManager(10, BLOCK, enable_prefix_caching=True)
+    shared = keys_for(99, 48)
+    assert kv.allocate_slots(1, shared, 0, 48)
+    # Same 48 tokens: at most (48 - 1) // 16 = 2 blocks may hit.
+    hit, num_hit = kv.get_computed_blocks(shared, 48)
+    assert hit == [0, 1] and num_hit == 32
+    # 49 tokens: all three full blocks hit.
+    hit, num_hit = kv.get_computed_blocks(shared, 49)
+    assert hit == [0, 1, 2] and num_hit == 48
+
+
+def test_hits_on_a_running_request_share_blocks_and_count_references() -> None:
+    kv = KVCacheManager(10, BLOCK, enable_prefix_caching=True)
+    shared = keys_for(99, 64)
+    assert kv.allocate_slots(1, shared, 0, 64)
+    hit, num_hit = kv.get_computed_blocks(shared, 64)
+    assert hit == [0, 1, 2]
+    assert kv.allocate_slots(2, shared, num_hit, 64 - num_hit, hit)
+    assert kv.blocks_of(2) == [0, 1, 2, 4]
+    kv.free(1)
+    # Blocks 0-2 are still referenced by request 2; only block 3 is free again.
+    assert kv.free_queue.ids() == [5, 6, 7, 8, 9, 3]
+    kv.check_invariants()
+
+
+def test_touching_a_free_cached_block_takes_it_off_the_free_queue() -> None:
+    kv = KVCacheManager(4, BLOCK, enable_prefix_caching=True)
+    shared = keys_for(99, 32)
+    assert kv.allocate_slots(1, shared, 0, 32)
+    kv.free(1)
+    assert kv.free_queue.ids() == [2, 3, 1, 0]
+    hit, num_hit = kv.get_computed_blocks(shared, 40)
+    assert kv.allocate_slots(2, shared, num_hit, 8, hit)
+    assert kv.blocks_of(2) == [0, 1, 2]
+    assert kv.free_queue.ids() == [3]
+    kv.check_invariants()
+
+
+def test_eviction_pops_lru_blocks_and_forgets_their_keys() -> None:
+    kv = KVCacheManager(4, BLOCK, enable_prefix_caching=True)
+    old = keys_for(1, 48)
+    assert kv.allocate_slots(1, old, 0, 48)
+    kv.free(1)
+    assert kv.free_queue.ids() == [3, 2, 1, 0]
+    # A new 32-token request takes block 3 (never cached) then block 2 (evicting old's 3rd key).
+    assert kv.allocate_slots(2, keys_for(2, 32), 0, 32)
+    assert kv.blocks_of(2) == [3, 2]
+    hit, num_hit = kv.get_computed_blocks(old, 49)
+    assert hit == [0, 1] and num_hit == 32
+    kv.check_invariants()
+
+
+def test_hit_blocks_that_are_free_count_against_free_space() -> None:
+    kv = KVCacheManager(3, BLOCK, enable_prefix_caching=True)
+    shared = keys_for(9, 32)
+    assert kv.allocate_slots(1, shared, 0, 32)
+    kv.free(1)
+    hit, num_hit = kv.get_computed_blocks(shared, 64)
+    assert hit == [0, 1]
+    # Needs 4 blocks in all: 2 hits (both free) + 2 new, but only 3 blocks exist.
+    assert not kv.allocate_slots(2, shared, num_hit, 32, hit)
+    assert kv.free_queue.num_free == 3
+    kv.check_invariants()
+
+
+def test_lookups_are_counted_in_tokens_only_when_recorded() -> None:
+    kv = KVCacheManager(10, BLOCK, enable_prefix_caching=True)
+    kv.get_computed_blocks(keys_for(1, 64), 64)
+    assert kv.queries_tokens == 0
+    kv.record_lookup(64, 32)
+    assert (kv.queries_tokens, kv.hits_tokens) == (64, 32)
+    off = KVCacheManager(10, BLOCK, enable_prefix_caching=False)
+    assert off.get_computed_blocks(keys_for(1, 64), 64) == ([], 0)
+    off.record_lookup(64, 0)
+    assert off.queries_tokens == 0
+
+
+def test_usage_is_the_share_of_referenced_blocks() -> None:
+    kv = KVCacheManager(4, BLOCK, enable_prefix_caching=True)
+    assert kv.usage == 0.0
+    assert kv.allocate_slots(1, [], 0, 17)
+    assert kv.usage == pytest.approx(0.5)
+
+
+@pytest.mark.parametrize(("num_blocks", "block_size"), [(0, 16), (4, 0)])
+def test_bad_sizes_are_rejected(num_blocks: int, block_size: int) -> None:
+    with pytest.raises(ValueError, match="must be >= 1"):
+        KVCacheManager(num_blocks, block_size, enable_prefix_caching=True)
+
+
+def test_block_keys_are_chained_and_depend_only_on_content() -> None:
+    a = block_keys([(1, 20), (2, 30)], 16, 50)
+    b = block_keys([(1, 20), (2, 40)], 16, 60)
+    c = block_keys([(1, 16), (3, 4), (2, 30)], 16, 50)
+    assert len(a) == 3 and len(b) == 3
+    assert a == b[:3]  # same content up to token 48
+    assert c[0] == a[0] and c[1] != a[1]  # block 2 differs, and so does everything after it
+    assert c[2] != a[2]

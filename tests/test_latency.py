@@ -1,0 +1,169 @@
+"""Roofline iteration-time model and memory plan: first-principles sanity and a real profile."""
+
+from __future__ import annotations
+
+import csv
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+
+from sim.hardware import get_gpu
+from sim.latency import (
+    BatchShape,
+    RooflineModel,
+    RooflineParams,
+    plan_memory,
+    prefill_chunk_pairs,
+)
+from sim.models import get_model
+
+LLAMA_8B = get_model("llama-3.1-8b")
+H100 = get_gpu("h100-sxm")
+
+
+def decode(batch: int, context: int) -> BatchShape:
+    return BatchShape(
+        num_decode_seqs=batch, decode_context_tokens=batch * context, num_sampled=batch
+    )
+
+
+def prefill(tokens: int, context: int = 0) -> BatchShape:
+    return BatchShape(
+        num_prefill_tokens=tokens,
+        num_prefill_seqs=1,
+        prefill_attention_pairs=prefill_chunk_pairs(tokens, context),
+        prefill_context_tokens=context,
+        num_sampled=1,
+    )
+
+
+def test_batch_one_decode_is_bound_by_streaming_the_weights() -> None:
+    model = RooflineModel(LLAMA_8B, H100)
+    floor = LLAMA_8B.weight_bytes("bf16") / H100.memory_bandwidth_bytes_per_s  # ≈ 4.8 ms
+    assert floor == pytest.approx(4.8e-3, rel=0.01)
+    step = model.step_time(decode(1, 1024))
+    assert 1.0 * floor <= step <= 1.5 * floor
+
+
+def test_kv_capacity_matches_the_hand_computation() -> None:
+    plan = plan_memory(
+        LLAMA_8B,
+        H100,
+        dtype="bf16",
+        kv_dtype="bf16",
+        tensor_parallel_size=1,
+        gpu_memory_utilization=0.9,
+        max_num_batched_tokens=8192,
+        block_size=16,
+    )
+    by_hand = (0.9 * 80e9 - LLAMA_8B.weight_bytes("bf16")) / (128 * 1024)
+    assert plan.kv_capacity_tokens == pytest.approx(by_hand, rel=0.10)
+    assert plan.kv_capacity_tokens % 16 == 0
+
+
+def test_decode_is_memory_bound_then_compute_bound() -> None:
+    model = RooflineModel(LLAMA_8B, H100)
+    t1, t64, t512 = (model.step_time(decode(b, 512)) for b in (1, 64, 512))
+    assert t1 < t64 < t512
+    # Per-token cost falls steeply while weight streaming dominates.
+    assert t64 / 64 < t1 / 4
+    # Prefill throughput saturates: 4× the tokens costs about 4× the time.
+    assert model.step_time(prefill(8192)) / model.step_time(prefill(2048)) > 3.5
+
+
+def test_long_context_costs_more_attention() -> None:
+    model = RooflineModel(LLAMA_8B, H100)
+    assert model.step_time(decode(64, 8192)) > model.step_time(decode(64, 512))
+    assert model.step_time(prefill(512, context=8000)) > model.step_time(prefill(512))
+
+
+def test_naive_attention_is_slower_than_flash_for_long_prompts() -> None:
+    flash = RooflineModel(LLAMA_8B, H100)
+    naive = RooflineModel(LLAMA_8B, H100, params=RooflineParams(flash_attention=False))
+    assert naive.step_time(prefill(8192)) > flash.step_time(prefill(8192))
+
+
+def test_fp8_weights_speed_up_decode_and_tensor_parallelism_splits_it() -> None:
+    bf16 = RooflineModel(LLAMA_8B, H100).step_time(decode(8, 1024))
+    fp8 = RooflineModel(LLAMA_8B, H100, dtype="fp8").step_time(decode(8, 1024))
+    assert fp8 < 0.7 * bf16
+    llama70 = get_model("llama-3.1-70b")
+    tp2 = RooflineModel(llama70, H100, tensor_parallel_size=2).step_time(decode(8, 1024))
+    tp4 = RooflineModel(llama70, H100, tensor_parallel_size=4).step_time(decode(8, 1024))
+    assert tp4 < tp2
+    # Splitting does not halve the time: the all-reduces are a real cost.
+    assert tp4 > tp2 / 2
+
+
+def test_empty_step_costs_only_the_overhead() -> None:
+    model = RooflineModel(LLAMA_8B, H100, params=RooflineParams(step_overhead_s=0.002))
+    assert model.step_time(BatchShape()) == 0.002
+
+
+def test_weights_that_do_not_fit_are_an_error_naming_the_fix() -> None:
+    with pytest.raises(ValueError, match="tensor_parallel_size"):
+        plan_memory(
+            get_model("llama-3.1-70b"),
+            get_gpu("l40s"),
+            dtype="bf16",
+            kv_dtype="bf16",
+            tensor_parallel_size=1,
+            gpu_memory_utilization=0.9,
+            max_num_batched_tokens=8192,
+            block_size=16,
+        )
+
+
+def test_bad_efficiency_is_rejected() -> None:
+    with pytest.raises(ValueError, match="compute_efficiency"):
+        RooflineParams(compute_efficiency=1.5)
+
+
+LINEAR_LAYERS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+def measured_linear_s(shared_data: Path, num_tokens: int) -> float:
+    """Seconds for all of Llama-3.1-8B's projection GEMMs at ``num_tokens`` on a real H100."""
+    path = shared_data / "llmservingsim_profiles/H100/meta-llama/Llama-3.1-8B/tp1/layers.csv"
+    per_layer: dict[str, list[float]] = defaultdict(list)
+    with path.open() as handle:
+        for row in csv.DictReader(handle):
+            if int(row["input"]) == num_tokens and row["layer_name"] in LINEAR_LAYERS:
+                per_layer[row["layer_name"]].append(float(row["latency(ns)"]) * 1e-9)
+    assert set(per_layer) == set(LINEAR_LAYERS)
+    layer_s = sum(sum(v) / len(v) for v in per_layer.values())
+    return layer_s * LLAMA_8B.num_layers
+
+
+@pytest.mark.parametrize("num_tokens", [1, 2048])
+def test_linear_layers_match_a_measured_h100_profile(shared_data: Path, num_tokens: int) -> None:
+    """LLMServingSim's H100 layer profile (shared/data/SOURCES.md): within ±20 %.
+
+    One token is weight-streaming bound, 2,048 tokens compute bound: both regimes are held to
+    real measurements.
+    """
+    predicted = RooflineModel(LLAMA_8B, H100).linear_time(num_tokens)
+    assert predicted == pytest.approx(measured_linear_s(shared_data, num_tokens), rel=0.20)
+
+
+def test_step_time_is_the_sum_of_its_parts() -> None:
+    model = RooflineModel(get_model("llama-3.1-70b"), H100, tensor_parallel_size=4)
+    shape = BatchShape(
+        num_prefill_tokens=300,
+        num_prefill_seqs=1,
+        prefill_attention_pairs=prefill_chunk_pairs(300, 100),
+        prefill_context_tokens=100,
+        num_decode_seqs=20,
+        decode_context_tokens=20 * 700,
+        num_sampled=21,
+    )
+    parts = (
+        model.linear_time(320)
+        + model.lm_head_time(21)
+        + model.attention_time(shape)
+        + model.communication_time(320)
+        + model.params.step_overhead_s
+    )
+    assert model.step_time(shape) == pytest.approx(parts, rel=1e-12)
+    assert model.communication_time(320) > 0
