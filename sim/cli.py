@@ -1,0 +1,258 @@
+"""The ``servesim`` command line: run a scenario, inspect a model on a GPU, list catalogues.
+
+Bad input ends with one line per problem on stderr and exit code 2, never a traceback.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from sim.hardware import GPU_CATALOG, get_gpu
+from sim.latency import BatchShape, RooflineModel, plan_memory, prefill_chunk_pairs
+from sim.models import MODEL_CATALOG, get_model
+from sim.run import build
+from sim.scenario import (
+    Scenario,
+    ScenarioError,
+    default_scenario,
+    default_scenario_text,
+    load_scenario,
+)
+
+app = typer.Typer(
+    help="servesim: what will this LLM deployment do under this traffic?",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+stdout = Console()
+stderr = Console(stderr=True)
+
+
+def _fail(message: str) -> None:
+    stderr.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
+    raise typer.Exit(code=2)
+
+
+def _load(path: Path | None) -> Scenario:
+    try:
+        return default_scenario() if path is None else load_scenario(path)
+    except ScenarioError as exc:
+        stderr.print(str(exc), highlight=False, soft_wrap=True, markup=False)
+        raise typer.Exit(code=2) from None
+
+
+def _ms(value: float | None) -> str:
+    return "—" if value is None or math.isnan(value) else f"{value * 1e3:,.1f}"
+
+
+def _print_summary(scenario: Scenario, summary: dict[str, Any]) -> None:
+    table = Table(title=f"{scenario.name}: latency (ms)", title_justify="left")
+    table.add_column("metric")
+    for column in ("mean", "p50", "p90", "p95", "p99"):
+        table.add_column(column, justify="right")
+    for key, label in (
+        ("ttft_s", "TTFT"),
+        ("tpot_s", "TPOT"),
+        ("itl_s", "ITL"),
+        ("e2e_s", "E2E"),
+        ("queue_s", "queueing"),
+    ):
+        row = summary[key]
+        table.add_row(label, *(_ms(row[c]) for c in ("mean", "p50", "p90", "p95", "p99")))
+    stdout.print(table)
+
+    slo = summary["slo"]
+    throughput = summary["throughput"]
+    requests = summary["requests"]
+    facts = Table(show_header=False, title="throughput, SLO, cache", title_justify="left")
+    facts.add_column("what")
+    facts.add_column("value", justify="right")
+    facts.add_row("requests/s", f"{throughput['requests_per_s']:.2f}")
+    facts.add_row("output tokens/s", f"{throughput['output_tokens_per_s']:,.0f}")
+    facts.add_row("total tokens/s", f"{throughput['total_tokens_per_s']:,.0f}")
+    pct = f"p{slo['percentile']:g}"
+    facts.add_row(
+        f"SLO TTFT {pct} ≤ {_ms(slo['ttft_target_s'])} ms", f"{_ms(slo['ttft_at_percentile_s'])} ms"
+    )
+    facts.add_row(
+        f"SLO TPOT {pct} ≤ {_ms(slo['tpot_target_s'])} ms", f"{_ms(slo['tpot_at_percentile_s'])} ms"
+    )
+    facts.add_row("SLO met", "yes" if slo["met"] else "[bold red]no[/]")
+    attainment = summary["goodput"]["slo_attainment"]
+    facts.add_row("SLO attainment", "—" if attainment is None else f"{attainment:.1%}")
+    facts.add_row("goodput requests/s", f"{summary['goodput']['requests_per_s']:.2f}")
+    facts.add_row("prefix-cache hit rate", f"{summary['prefix_cache']['hit_rate']:.1%}")
+    facts.add_row("preemptions", str(summary["preemptions"]))
+    facts.add_row("KV capacity (tokens)", f"{summary['kv_capacity_tokens']:,}")
+    statuses = ", ".join(f"{k} {v}" for k, v in requests.items() if k != "total" and v)
+    facts.add_row("requests", f"{requests['total']:,} ({statuses})")
+    sim = summary["sim"]
+    facts.add_row("simulated / wall", f"{sim['simulated_s']:,.1f} s / {sim['wall_s']:.2f} s")
+    stdout.print(facts)
+
+
+@app.command()
+def run(
+    scenario_path: Annotated[
+        Path | None,
+        typer.Argument(metavar="[SCENARIO]", help="scenario YAML; the embedded default if omitted"),
+    ] = None,
+    out: Annotated[
+        Path | None, typer.Option("--out", help="write records, time series and summary.json here")
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="print the summary as JSON")] = False,
+    fmt: Annotated[
+        str, typer.Option("--format", help="file format of records and time series: parquet|csv")
+    ] = "parquet",
+    seed: Annotated[int | None, typer.Option(help="override the scenario's seed")] = None,
+) -> None:
+    """Simulate a scenario and print TTFT/TPOT/E2E percentiles, throughput, goodput, hit rate."""
+    if fmt not in ("parquet", "csv"):
+        _fail(f"--format: must be parquet or csv, got {fmt!r}")
+    scenario = _load(scenario_path)
+    if seed is not None:
+        scenario = scenario.model_copy(update={"seed": seed})
+    try:
+        simulation = build(scenario)
+    except ValueError as exc:
+        _fail(str(exc))
+    if not as_json:
+        stderr.print(f"simulating {len(simulation.requests):,} requests …", highlight=False)
+    result = simulation.run()
+    if out is not None:
+        file_format: Literal["parquet", "csv"] = "csv" if fmt == "csv" else "parquet"
+        for path in result.write(out, file_format):
+            stderr.print(f"wrote {path}", highlight=False)
+    if as_json:
+        sys.stdout.write(json.dumps(result.summary, indent=2) + "\n")
+    else:
+        _print_summary(scenario, result.summary)
+
+
+@app.command()
+def inspect(
+    model: Annotated[str, typer.Option(help="catalogue model, e.g. llama-3.1-8b")],
+    gpu: Annotated[str, typer.Option(help="catalogue GPU, e.g. h100-sxm")],
+    tp: Annotated[int, typer.Option(help="tensor_parallel_size")] = 1,
+    dtype: Annotated[str, typer.Option(help="weight dtype: bf16, fp16, fp8, int8, int4")] = "bf16",
+    kv_dtype: Annotated[str | None, typer.Option(help="KV cache dtype (default: 16-bit)")] = None,
+    gpu_memory_utilization: Annotated[float, typer.Option()] = 0.9,
+    max_num_batched_tokens: Annotated[int, typer.Option()] = 8192,
+    block_size: Annotated[int, typer.Option()] = 16,
+) -> None:
+    """Weight memory, KV bytes per token, KV capacity and roofline step times for one replica."""
+    try:
+        arch = get_model(model)
+        device = get_gpu(gpu)
+        kv = kv_dtype or ("fp16" if dtype == "fp16" else "bf16")
+        plan = plan_memory(
+            arch,
+            device,
+            dtype=dtype,
+            kv_dtype=kv,
+            tensor_parallel_size=tp,
+            gpu_memory_utilization=gpu_memory_utilization,
+            max_num_batched_tokens=max_num_batched_tokens,
+            block_size=block_size,
+        )
+        roofline = RooflineModel(arch, device, dtype=dtype, kv_dtype=kv, tensor_parallel_size=tp)
+    except ValueError as exc:
+        _fail(str(exc))
+    facts = Table(show_header=False, title=f"{arch.name} on {tp}× {device.name} ({dtype})")
+    facts.add_column("what")
+    facts.add_column("value", justify="right")
+    facts.add_row("parameters", f"{arch.num_params / 1e9:.2f} B")
+    facts.add_row("weights per GPU", f"{plan.weight_bytes / 1e9:.2f} GB")
+    facts.add_row("KV bytes per token (whole model)", f"{arch.kv_bytes_per_token(kv):,.0f}")
+    facts.add_row("KV bytes per token per GPU", f"{plan.kv_bytes_per_token:,.0f}")
+    facts.add_row("activation reserve per GPU", f"{plan.activation_bytes / 1e9:.2f} GB")
+    facts.add_row("KV cache per GPU", f"{plan.kv_bytes / 1e9:.2f} GB")
+    facts.add_row("KV capacity", f"{plan.kv_capacity_tokens:,} tokens ({plan.num_blocks:,} blocks)")
+    stdout.print(facts)
+    steps = Table(title="roofline step time", title_justify="left")
+    steps.add_column("step")
+    steps.add_column("ms", justify="right")
+    steps.add_column("tokens/s", justify="right")
+    for batch in (1, 32, 128):
+        shape = BatchShape(
+            num_decode_seqs=batch, decode_context_tokens=batch * 1024, num_sampled=batch
+        )
+        t = roofline.step_time(shape)
+        steps.add_row(f"decode batch {batch} @ 1k context", f"{t * 1e3:.2f}", f"{batch / t:,.0f}")
+    for length in (512, 2048):
+        shape = BatchShape(
+            num_prefill_tokens=length,
+            num_prefill_seqs=1,
+            prefill_attention_pairs=prefill_chunk_pairs(length, 0),
+            num_sampled=1,
+        )
+        t = roofline.step_time(shape)
+        steps.add_row(f"prefill {length} tokens", f"{t * 1e3:.2f}", f"{length / t:,.0f}")
+    stdout.print(steps)
+
+
+@app.command()
+def validate(scenario_path: Annotated[Path, typer.Argument(metavar="SCENARIO")]) -> None:
+    """Check a scenario file and report every problem, one line each."""
+    scenario = _load(scenario_path)
+    try:
+        build(scenario)
+    except ValueError as exc:
+        _fail(str(exc))
+    stdout.print(f"{scenario_path}: ok")
+
+
+@app.command("default-scenario")
+def show_default() -> None:
+    """Print the embedded default scenario (a starting point for your own)."""
+    sys.stdout.write(default_scenario_text())
+
+
+@app.command()
+def catalog() -> None:
+    """List the GPUs and models servesim knows."""
+    gpus = Table(title="GPUs", title_justify="left")
+    for column in ("key", "name", "memory GB", "HBM TB/s", "bf16 TFLOPS", "fp8 TFLOPS"):
+        gpus.add_column(column)
+    for key, gpu in GPU_CATALOG.items():
+        fp8 = f"{gpu.fp8_flops / 1e12:,.0f}" if gpu.fp8_flops else "—"
+        gpus.add_row(
+            key,
+            gpu.name,
+            f"{gpu.memory_bytes / 1e9:.0f}",
+            f"{gpu.memory_bandwidth_bytes_per_s / 1e12:.2f}",
+            f"{gpu.bf16_flops / 1e12:,.0f}",
+            fp8,
+        )
+    stdout.print(gpus)
+    models = Table(title="models", title_justify="left")
+    for column in ("key", "params B", "layers", "hidden", "heads/kv", "KV bytes/token bf16"):
+        models.add_column(column)
+    for key, arch in MODEL_CATALOG.items():
+        models.add_row(
+            key,
+            f"{arch.num_params / 1e9:.2f}",
+            str(arch.num_layers),
+            str(arch.hidden_size),
+            f"{arch.num_attention_heads}/{arch.num_key_value_heads}",
+            f"{arch.kv_bytes_per_token('bf16'):,.0f}",
+        )
+    stdout.print(models)
+
+
+def main() -> None:
+    """Entry point for ``python -m sim``."""
+    app()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,151 @@
+"""Records, time series and the summary a capacity planner reads.
+
+Percentiles are over requests that completed (`status == ok`); SLO attainment and goodput count
+every request, so rejected and failed requests count as misses. Throughput is measured over the
+span from the first arrival to the last completion.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from sim.request import RECORD_COLUMNS, Record, RequestStatus
+
+PERCENTILES = (50, 90, 95, 99)
+
+TIMESERIES_COLUMNS = (
+    "time_s",
+    "num_requests_waiting",
+    "num_requests_running",
+    "kv_cache_usage",
+    "prefix_cache_hit_rate",
+    "prompt_tokens_per_s",
+    "output_tokens_per_s",
+    "num_finished",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class SLO:
+    """Latency targets at a percentile: TTFT and TPOT each at most their target."""
+
+    ttft_s: float
+    tpot_s: float
+    percentile: float = 90.0
+
+
+def records_frame(records: Iterable[Record]) -> pd.DataFrame:
+    """Records as a DataFrame with exactly :data:`RECORD_COLUMNS`, ordered by request id."""
+    rows = [r.as_row() for r in records]
+    frame = pd.DataFrame(rows, columns=list(RECORD_COLUMNS))
+    return frame.sort_values("request_id", kind="stable").reset_index(drop=True)
+
+
+def distribution(values: Sequence[float] | np.ndarray) -> dict[str, float | None]:
+    """``mean``, ``p50`` … ``p99`` of the finite values; None when there are none."""
+    array = np.asarray(values, dtype=np.float64)
+    array = array[np.isfinite(array)]
+    if array.size == 0:
+        return {"mean": None, **{f"p{p}": None for p in PERCENTILES}}
+    quantiles = np.percentile(array, PERCENTILES)
+    return {
+        "mean": float(array.mean()),
+        **{f"p{p}": float(q) for p, q in zip(PERCENTILES, quantiles, strict=True)},
+    }
+
+
+def slo_met(frame: pd.DataFrame, slo: SLO) -> np.ndarray:
+    """Per request: completed, TTFT within target, and TPOT within target (or undefined)."""
+    ok = (frame["status"] == RequestStatus.OK.value).to_numpy()
+    ttft_ok = (frame["ttft_s"] <= slo.ttft_s).to_numpy()
+    tpot = frame["tpot_s"].to_numpy(dtype=np.float64)
+    tpot_ok = np.isnan(tpot) | (tpot <= slo.tpot_s)
+    result: np.ndarray = ok & ttft_ok & tpot_ok
+    return result
+
+
+def summarize(
+    frame: pd.DataFrame,
+    *,
+    itl_s: np.ndarray,
+    slo: SLO,
+    prefix_queries_tokens: int,
+    prefix_hits_tokens: int,
+    num_preemptions: int,
+    kv_capacity_tokens: int,
+    wall_s: float,
+    simulated_s: float,
+    num_events: int,
+) -> dict[str, Any]:
+    """The summary dictionary (also ``summary.json`` and ``servesim run --json``)."""
+    ok = frame[frame["status"] == RequestStatus.OK.value]
+    if len(frame):
+        start = float(frame["arrival_s"].min())
+        end = float(np.nanmax(np.r_[frame["finish_s"].to_numpy(dtype=np.float64), start]))
+    else:
+        start = end = 0.0
+    span = end - start
+    per_s = (lambda x: x / span) if span > 0 else (lambda x: math.nan)
+    output_tokens = int(ok["output_tokens"].sum())
+    prompt_tokens = int(ok["prompt_tokens"].sum())
+    met = slo_met(frame, slo)
+    ttft_at = distribution(ok["ttft_s"].to_numpy())
+    pct = slo.percentile
+    ttft_values = ok["ttft_s"].to_numpy(dtype=np.float64)
+    tpot_values = ok["tpot_s"].to_numpy(dtype=np.float64)
+    ttft_pct = _percentile(ttft_values, pct)
+    tpot_pct = _percentile(tpot_values, pct)
+    counts = frame["status"].value_counts()
+    return {
+        "ttft_s": ttft_at,
+        "tpot_s": distribution(tpot_values),
+        "itl_s": distribution(itl_s),
+        "e2e_s": distribution(ok["e2e_s"].to_numpy()),
+        "queue_s": distribution(ok["queue_s"].to_numpy()),
+        "throughput": {
+            "requests_per_s": per_s(len(ok)),
+            "output_tokens_per_s": per_s(output_tokens),
+            "total_tokens_per_s": per_s(output_tokens + prompt_tokens),
+        },
+        "goodput": {
+            "requests_per_s": per_s(int(met.sum())),
+            "slo_attainment": float(met.mean()) if len(met) else None,
+        },
+        "slo": {
+            "percentile": pct,
+            "ttft_target_s": slo.ttft_s,
+            "tpot_target_s": slo.tpot_s,
+            "ttft_at_percentile_s": ttft_pct,
+            "tpot_at_percentile_s": tpot_pct,
+            "met": bool(
+                ttft_pct is not None
+                and ttft_pct <= slo.ttft_s
+                and (tpot_pct is None or tpot_pct <= slo.tpot_s)
+            ),
+        },
+        "prefix_cache": {
+            "hit_rate": prefix_hits_tokens / prefix_queries_tokens
+            if prefix_queries_tokens
+            else 0.0,
+            "queries_tokens": prefix_queries_tokens,
+            "hits_tokens": prefix_hits_tokens,
+        },
+        "preemptions": num_preemptions,
+        "kv_capacity_tokens": kv_capacity_tokens,
+        "requests": {
+            "total": len(frame),
+            **{status.value: int(counts.get(status.value, 0)) for status in RequestStatus},
+        },
+        "sim": {"wall_s": wall_s, "simulated_s": simulated_s, "events": num_events},
+    }
+
+
+def _percentile(values: np.ndarray, percentile: float) -> float | None:
+    finite = values[np.isfinite(values)]
+    return float(np.percentile(finite, percentile)) if finite.size else None

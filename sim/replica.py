@@ -1,0 +1,102 @@
+"""One vLLM-like replica as a SimPy process: plan a step → ``timeout(step_time)`` → apply it.
+
+One event per engine step, never one per token. An idle engine sleeps until a request arrives
+(or, for dynamic batching, until its batching window closes).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Generator
+from typing import Any
+
+import simpy
+
+from sim.latency import IterationTimeModel
+from sim.request import Record, Request, RequestStatus, block_keys, sequence_segments
+from sim.scheduler import Scheduler, Sequence
+
+
+class Replica:
+    """An engine: a scheduler, its KV cache and an iteration-time model, driven by SimPy.
+
+    Requests that can never run are rejected on arrival with a status, as vLLM rejects them:
+    prompt + output longer than ``max_model_len``, or more KV blocks than the whole cache holds.
+    """
+
+    def __init__(
+        self,
+        env: simpy.Environment,
+        replica_id: int,
+        scheduler: Scheduler,
+        latency_model: IterationTimeModel,
+        *,
+        max_model_len: int,
+        on_finish: Callable[[Record], None],
+    ) -> None:
+        self.env = env
+        self.replica_id = replica_id
+        self.scheduler = scheduler
+        self.kv = scheduler.kv
+        self.latency_model = latency_model
+        self.max_model_len = max_model_len
+        self._on_finish = on_finish
+        self._wakeup: simpy.Event | None = None
+        self.num_steps = 0
+        self.busy_s = 0.0
+        self.prompt_tokens_computed = 0
+        self.output_tokens_generated = 0
+        self.process = env.process(self._engine_loop())
+
+    def submit(self, request: Request, record: Record) -> None:
+        """Accept a request now (or reject it) and wake the engine if it is idle."""
+        record.replica_id = self.replica_id
+        reason = self._rejection(request)
+        if reason:
+            record.status = RequestStatus.REJECTED
+            record.error = reason
+            self._on_finish(record)
+            return
+        keys: list[int] = []
+        if self.kv.enable_prefix_caching:
+            keys = block_keys(sequence_segments(request), self.kv.block_size, request.total_tokens)
+        self.scheduler.add(Sequence(request, record, keys))
+        if self._wakeup is not None and not self._wakeup.triggered:
+            self._wakeup.succeed()
+
+    def _rejection(self, request: Request) -> str:
+        if request.total_tokens > self.max_model_len:
+            return (
+                f"prompt ({request.prompt_tokens}) + output ({request.output_tokens}) tokens "
+                f"exceed max_model_len={self.max_model_len}"
+            )
+        needed = self.kv.blocks_needed(request.total_tokens)
+        if needed > self.kv.num_blocks:
+            return (
+                f"needs {needed} KV blocks but the cache has {self.kv.num_blocks} "
+                f"({self.kv.num_blocks * self.kv.block_size} tokens)"
+            )
+        return ""
+
+    def _engine_loop(self) -> Generator[simpy.Event, Any, None]:
+        env = self.env
+        scheduler = self.scheduler
+        step_time = self.latency_model.step_time
+        while True:
+            plan = scheduler.schedule(env.now)
+            if plan is None:
+                self._wakeup = env.event()
+                wake_at = scheduler.wake_time(env.now)
+                if wake_at is None:
+                    yield self._wakeup
+                else:
+                    yield self._wakeup | env.timeout(max(0.0, wake_at - env.now))
+                self._wakeup = None
+                continue
+            duration = step_time(plan.batch)
+            self.num_steps += 1
+            self.busy_s += duration
+            yield env.timeout(duration)
+            self.prompt_tokens_computed += plan.batch.num_prefill_tokens
+            self.output_tokens_generated += plan.batch.num_sampled - len(plan.padding)
+            for seq in scheduler.complete(plan, env.now):
+                self._on_finish(seq.record)

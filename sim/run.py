@@ -1,0 +1,376 @@
+"""Scenario → simulation → result. The only place that turns a scenario into objects, and the
+only place (with the CLI) that writes files.
+
+``build(scenario)`` returns a :class:`Simulation`; ``Simulation.run()`` returns a
+:class:`SimResult` with per-request records, a time series and the summary.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Generator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import pandas as pd
+import simpy
+
+from sim import arrivals as arr
+from sim import lengths as lens
+from sim.kv_cache import KVCacheManager
+from sim.latency import (
+    ConstantStepModel,
+    ExponentialStepModel,
+    IterationTimeModel,
+    MemoryPlan,
+    RooflineModel,
+    plan_memory,
+)
+from sim.metrics import SLO, TIMESERIES_COLUMNS, records_frame, summarize
+from sim.replica import Replica
+from sim.request import Record, Request
+from sim.scenario import (
+    ArrivalSpec,
+    ConstantLatencySpec,
+    ExponentialLatencySpec,
+    LengthSpec,
+    MultiTurnSpec,
+    RooflineLatencySpec,
+    Scenario,
+    SharedPrefixSpec,
+    WorkloadSpec,
+)
+from sim.scheduler import (
+    ContinuousBatchScheduler,
+    Scheduler,
+    SchedulerConfig,
+    StaticBatchScheduler,
+)
+from sim.traces import read_trace
+from sim.workload import (
+    MultiTurn,
+    PrefixStructure,
+    SharedPrefix,
+    generate_requests,
+    requests_from_trace,
+)
+
+
+# -- scenario sections → domain objects -----------------------------------------------------
+def make_arrivals(spec: ArrivalSpec) -> arr.ArrivalProcess:
+    """The arrival process a scenario's ``workload.arrival`` describes."""
+    match spec.type:
+        case "poisson":
+            return arr.Poisson(rate=spec.rate)
+        case "gamma":
+            return arr.GammaArrivals(rate=spec.rate, cv=spec.cv)
+        case "constant":
+            return arr.Constant(rate=spec.rate)
+        case "on_off":
+            return arr.OnOff(
+                on_rate=spec.on_rate, on_s=spec.on_s, off_s=spec.off_s, off_rate=spec.off_rate
+            )
+        case "piecewise":
+            return arr.PiecewiseRate(
+                points=tuple(spec.points), interpolation=spec.interpolation, period_s=spec.period_s
+            )
+        case "diurnal":
+            return arr.Diurnal(
+                mean_rate=spec.mean_rate,
+                amplitude=spec.amplitude,
+                period_s=spec.period_s,
+                peak_s=spec.peak_s,
+            )
+    raise AssertionError(spec)
+
+
+def make_lengths(spec: LengthSpec) -> lens.LengthDistribution:
+    """The length distribution a scenario's length section describes."""
+    match spec.type:
+        case "constant":
+            return lens.ConstantLength(spec.value)
+        case "uniform":
+            return lens.UniformLength(spec.low, spec.high)
+        case "lognormal":
+            if spec.mean is not None and spec.p90 is not None:
+                return lens.LogNormalLength.from_mean_p90(
+                    spec.mean, spec.p90, min_tokens=spec.min_tokens, max_tokens=spec.max_tokens
+                )
+            assert spec.mu is not None and spec.sigma is not None
+            return lens.LogNormalLength(
+                spec.mu, spec.sigma, min_tokens=spec.min_tokens, max_tokens=spec.max_tokens
+            )
+        case "empirical":
+            inner = lens.EmpiricalLength.from_file(spec.path, spec.column)
+            return lens.Clipped(inner, min_tokens=spec.min_tokens, max_tokens=spec.max_tokens)
+    raise AssertionError(spec)
+
+
+def make_prefix(workload: WorkloadSpec) -> PrefixStructure:
+    """The prefix/session structure of a synthetic workload."""
+    prefix = workload.prefix
+    if isinstance(prefix, SharedPrefixSpec):
+        return SharedPrefix(prefix.num_groups, prefix.prefix_tokens, prefix.share)
+    if isinstance(prefix, MultiTurnSpec):
+        return MultiTurn(
+            make_lengths(prefix.turns), prefix.think_time_s, prefix.system_prompt_tokens
+        )
+    return None
+
+
+def build_requests(workload: WorkloadSpec, seed_sequence: np.random.SeedSequence) -> list[Request]:
+    """The scenario's requests, sorted by arrival. Same seed → same requests."""
+    if workload.trace is not None:
+        trace = read_trace(workload.trace.path, workload.trace.format)
+        times = None
+        if trace.arrival_s is None:
+            if workload.arrival is None:
+                raise ValueError(
+                    f"workload.arrival: trace {workload.trace.path} has no timestamps; "
+                    "give an arrival process"
+                )
+            rng = np.random.default_rng(seed_sequence)
+            times = make_arrivals(workload.arrival).times(rng, num_requests=len(trace))
+        requests = requests_from_trace(
+            trace, time_scale=workload.trace.time_scale, arrival_times_s=times
+        )
+        if workload.duration_s is not None:
+            requests = [r for r in requests if r.arrival_s < workload.duration_s]
+        if workload.num_requests is not None:
+            requests = requests[: workload.num_requests]
+        return requests
+    assert workload.arrival and workload.prompt_tokens and workload.output_tokens
+    return generate_requests(
+        seed_sequence,
+        make_arrivals(workload.arrival),
+        make_lengths(workload.prompt_tokens),
+        make_lengths(workload.output_tokens),
+        make_prefix(workload),
+        num_requests=workload.num_requests,
+        duration_s=workload.duration_s,
+    )
+
+
+def make_latency_model(scenario: Scenario, rng: np.random.Generator) -> IterationTimeModel:
+    """The iteration-time model a scenario's ``latency`` section describes."""
+    spec = scenario.latency
+    if isinstance(spec, ConstantLatencySpec):
+        return ConstantStepModel(spec.step_s)
+    if isinstance(spec, ExponentialLatencySpec):
+        return ExponentialStepModel(spec.mean_s, rng)
+    assert isinstance(spec, RooflineLatencySpec)
+    return RooflineModel(
+        scenario.resolve_model(),
+        scenario.resolve_gpu(),
+        dtype=scenario.dtype,
+        kv_dtype=scenario.kv_dtype,
+        tensor_parallel_size=scenario.engine.tensor_parallel_size,
+        params=spec.params(),
+    )
+
+
+def memory_plan(scenario: Scenario) -> MemoryPlan:
+    """How the scenario's replica splits GPU memory, and its KV blocks."""
+    engine = scenario.engine
+    return plan_memory(
+        scenario.resolve_model(),
+        scenario.resolve_gpu(),
+        dtype=scenario.dtype,
+        kv_dtype=scenario.kv_dtype,
+        tensor_parallel_size=engine.tensor_parallel_size,
+        gpu_memory_utilization=engine.gpu_memory_utilization,
+        max_num_batched_tokens=engine.max_num_batched_tokens,
+        block_size=engine.block_size,
+    )
+
+
+def make_scheduler(scenario: Scenario, kv: KVCacheManager) -> Scheduler:
+    """The batching policy a scenario's engine section selects."""
+    engine = scenario.engine
+    config = SchedulerConfig(
+        max_num_seqs=engine.max_num_seqs,
+        max_num_batched_tokens=engine.max_num_batched_tokens,
+        enable_chunked_prefill=engine.enable_chunked_prefill,
+        policy=engine.scheduling_policy,
+        record_token_times=scenario.output.record_token_times,
+    )
+    match engine.batching:
+        case "continuous":
+            return ContinuousBatchScheduler(config, kv)
+        case "static":
+            return StaticBatchScheduler(config, kv, batch_window_s=0.0)
+        case "dynamic":
+            return StaticBatchScheduler(config, kv, batch_window_s=engine.batch_window_s)
+    raise AssertionError(engine.batching)
+
+
+# -- the simulation -------------------------------------------------------------------------
+@dataclass
+class SimResult:
+    """What a run produced."""
+
+    records: pd.DataFrame
+    timeseries: pd.DataFrame
+    summary: dict[str, Any]
+    token_times: pd.DataFrame | None = None
+
+    def write(self, out_dir: str | Path, fmt: Literal["parquet", "csv"] = "parquet") -> list[Path]:
+        """Write records, time series (Parquet or CSV) and ``summary.json``; return the paths."""
+        out = Path(out_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        written = []
+        tables = {"records": self.records, "timeseries": self.timeseries}
+        if self.token_times is not None:
+            tables["token_times"] = self.token_times
+        for name, frame in tables.items():
+            path = out / f"{name}.{fmt}"
+            if fmt == "parquet":
+                frame.to_parquet(path, index=False)
+            else:
+                frame.to_csv(path, index=False)
+            written.append(path)
+        summary_path = out / "summary.json"
+        summary_path.write_text(json.dumps(self.summary, indent=2) + "\n", encoding="utf-8")
+        written.append(summary_path)
+        return written
+
+
+class Simulation:
+    """One replica under a workload, ready to run once."""
+
+    def __init__(
+        self,
+        requests: list[Request],
+        scheduler: Scheduler,
+        latency_model: IterationTimeModel,
+        *,
+        max_model_len: int,
+        slo: SLO,
+        sample_interval_s: float = 1.0,
+        kv_capacity_tokens: int,
+    ) -> None:
+        self.requests = sorted(requests, key=lambda r: r.arrival_s)
+        self.scheduler = scheduler
+        self.latency_model = latency_model
+        self.max_model_len = max_model_len
+        self.slo = slo
+        self.sample_interval_s = sample_interval_s
+        self.kv_capacity_tokens = kv_capacity_tokens
+        self.records: list[Record] = []
+        self._samples: list[tuple[float, ...]] = []
+
+    def run(self, progress: Callable[[int, int], None] | None = None) -> SimResult:
+        """Simulate until every request has a status."""
+        started = time.perf_counter()
+        env = simpy.Environment()
+        records = [
+            Record(r.request_id, r.arrival_s, r.prompt_tokens, r.output_tokens)
+            for r in self.requests
+        ]
+        self.records = records
+        total = len(records)
+        all_done = env.event()
+        finished = 0
+
+        def on_finish(record: Record) -> None:
+            nonlocal finished
+            finished += 1
+            if progress is not None and finished % 1000 == 0:
+                progress(finished, total)
+            if finished == total:
+                all_done.succeed()
+
+        replica = Replica(
+            env,
+            0,
+            self.scheduler,
+            self.latency_model,
+            max_model_len=self.max_model_len,
+            on_finish=on_finish,
+        )
+
+        def arrivals() -> Generator[simpy.Event, Any, None]:
+            for request, record in zip(self.requests, records, strict=True):
+                delay = request.arrival_s - env.now
+                if delay > 0:
+                    yield env.timeout(delay)
+                replica.submit(request, record)
+
+        def sampler() -> Generator[simpy.Event, Any, None]:
+            last_prompt = last_output = 0
+            kv = replica.kv
+            while True:
+                yield env.timeout(self.sample_interval_s)
+                prompt, output = replica.prompt_tokens_computed, replica.output_tokens_generated
+                queries = kv.queries_tokens
+                self._samples.append(
+                    (
+                        env.now,
+                        self.scheduler.num_waiting,
+                        self.scheduler.num_running,
+                        kv.usage,
+                        kv.hits_tokens / queries if queries else 0.0,
+                        (prompt - last_prompt) / self.sample_interval_s,
+                        (output - last_output) / self.sample_interval_s,
+                        finished,
+                    )
+                )
+                last_prompt, last_output = prompt, output
+
+        if total:
+            env.process(arrivals())
+            env.process(sampler())
+            env.run(until=all_done)
+        wall_s = time.perf_counter() - started
+        if progress is not None:
+            progress(finished, total)
+        frame = records_frame(records)
+        kv = replica.kv
+        summary = summarize(
+            frame,
+            itl_s=np.frombuffer(self.scheduler.itl_samples, dtype=np.float64),
+            slo=self.slo,
+            prefix_queries_tokens=kv.queries_tokens,
+            prefix_hits_tokens=kv.hits_tokens,
+            num_preemptions=self.scheduler.num_preemptions,
+            kv_capacity_tokens=self.kv_capacity_tokens,
+            wall_s=wall_s,
+            simulated_s=float(env.now),
+            num_events=replica.num_steps + total + len(self._samples),
+        )
+        timeseries = pd.DataFrame(self._samples, columns=list(TIMESERIES_COLUMNS))
+        token_times = None
+        if any(r.token_times_s for r in records):
+            token_times = pd.DataFrame(
+                [(r.request_id, i, t) for r in records for i, t in enumerate(r.token_times_s)],
+                columns=["request_id", "token_index", "time_s"],
+            )
+        return SimResult(frame, timeseries, summary, token_times)
+
+
+def build(scenario: Scenario) -> Simulation:
+    """Everything a scenario describes, wired together. Raises ValueError on impossible setups."""
+    workload_seed, latency_seed = np.random.SeedSequence(scenario.seed).spawn(2)
+    model = scenario.resolve_model()
+    plan = memory_plan(scenario)
+    engine = scenario.engine
+    kv = KVCacheManager(plan.num_blocks, engine.block_size, engine.enable_prefix_caching)
+    requests = build_requests(scenario.workload, workload_seed)
+    slo = SLO(scenario.slo.ttft_s, scenario.slo.tpot_s, scenario.slo.percentile)
+    return Simulation(
+        requests,
+        make_scheduler(scenario, kv),
+        make_latency_model(scenario, np.random.default_rng(latency_seed)),
+        max_model_len=engine.max_model_len or model.max_position_embeddings,
+        slo=slo,
+        sample_interval_s=scenario.output.sample_interval_s,
+        kv_capacity_tokens=plan.kv_capacity_tokens,
+    )
+
+
+def run(scenario: Scenario) -> SimResult:
+    """Build and run a scenario."""
+    return build(scenario).run()

@@ -1,0 +1,621 @@
+"""The scenario file: a YAML document validated with pydantic (the boundary of the simulator).
+
+Engine knobs carry vLLM's names and meanings, so a chosen configuration pastes into ``vllm
+serve``. Every problem in a file is reported as one line naming the field, e.g.
+``workload.arrival.rate: must be > 0, got -3``; unknown keys are errors with a "did you mean"
+hint. :func:`load_scenario` raises :class:`ScenarioError` holding those lines.
+"""
+
+from __future__ import annotations
+
+import difflib
+from importlib import resources
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic_core import ErrorDetails
+
+from sim.hardware import GPU, get_gpu
+from sim.latency import RooflineParams
+from sim.models import ModelArch, get_model, load_hf_config
+
+#: The most requests a scenario may ask for; beyond this a run would not fit in memory.
+MAX_REQUESTS = 10_000_000
+
+
+class ScenarioError(ValueError):
+    """Invalid scenario: ``problems`` holds one line per problem, each naming its field."""
+
+    def __init__(self, problems: list[str], source: str = "scenario") -> None:
+        self.problems = problems
+        self.source = source
+        super().__init__(f"{source}: " + "; ".join(problems))
+
+    def __str__(self) -> str:
+        header = f"invalid {self.source}:" if self.source else "invalid scenario:"
+        return "\n".join([header, *(f"  {p}" for p in self.problems)])
+
+
+class Spec(BaseModel):
+    """Base for scenario sections: unknown keys are errors, values are immutable."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+PositiveFloat = Annotated[float, Field(gt=0)]
+PositiveInt = Annotated[int, Field(ge=1)]
+Fraction = Annotated[float, Field(gt=0, le=1)]
+_ROOFLINE = RooflineParams()
+
+
+# -- arrivals -------------------------------------------------------------------------------
+class PoissonArrivalSpec(Spec):
+    """Poisson arrivals at ``rate`` requests per second (exact exponential gaps)."""
+
+    type: Literal["poisson"]
+    rate: PositiveFloat
+
+
+class GammaArrivalSpec(Spec):
+    """Renewal arrivals with gamma gaps: mean rate ``rate``, coefficient of variation ``cv``."""
+
+    type: Literal["gamma"]
+    rate: PositiveFloat
+    cv: PositiveFloat
+
+
+class ConstantArrivalSpec(Spec):
+    """Evenly spaced arrivals."""
+
+    type: Literal["constant"]
+    rate: PositiveFloat
+
+
+class OnOffArrivalSpec(Spec):
+    """Bursts: Poisson at ``on_rate`` for ``on_s``, then ``off_rate`` for ``off_s``, repeating."""
+
+    type: Literal["on_off"]
+    on_rate: PositiveFloat
+    on_s: PositiveFloat
+    off_s: PositiveFloat
+    off_rate: Annotated[float, Field(ge=0)] = 0.0
+
+
+class PiecewiseArrivalSpec(Spec):
+    """A rate schedule ``[[time_s, rate], ...]`` from time 0: steps, ramps, optionally periodic."""
+
+    type: Literal["piecewise"]
+    points: Annotated[list[tuple[float, float]], Field(min_length=1)]
+    interpolation: Literal["step", "linear"] = "step"
+    period_s: PositiveFloat | None = None
+
+
+class DiurnalArrivalSpec(Spec):
+    """A sinusoidal daily cycle around ``mean_rate`` peaking at ``peak_s``."""
+
+    type: Literal["diurnal"]
+    mean_rate: PositiveFloat
+    amplitude: Annotated[float, Field(ge=0, le=1)]
+    period_s: PositiveFloat = 86400.0
+    peak_s: float = 0.0
+
+
+ArrivalSpec = Annotated[
+    PoissonArrivalSpec
+    | GammaArrivalSpec
+    | ConstantArrivalSpec
+    | OnOffArrivalSpec
+    | PiecewiseArrivalSpec
+    | DiurnalArrivalSpec,
+    Field(discriminator="type"),
+]
+
+
+# -- lengths --------------------------------------------------------------------------------
+class _Clip(Spec):
+    min_tokens: PositiveInt = 1
+    max_tokens: PositiveInt | None = None
+
+    @model_validator(mode="after")
+    def _ordered(self) -> _Clip:
+        if self.max_tokens is not None and self.max_tokens < self.min_tokens:
+            raise ValueError(
+                f"max_tokens ({self.max_tokens}) must be >= min_tokens ({self.min_tokens})"
+            )
+        return self
+
+
+class ConstantLengthSpec(Spec):
+    """Every request has ``value`` tokens."""
+
+    type: Literal["constant"]
+    value: PositiveInt
+
+
+class UniformLengthSpec(Spec):
+    """Integers uniform in ``[low, high]``."""
+
+    type: Literal["uniform"]
+    low: PositiveInt
+    high: PositiveInt
+
+    @model_validator(mode="after")
+    def _ordered(self) -> UniformLengthSpec:
+        if self.high < self.low:
+            raise ValueError(f"high ({self.high}) must be >= low ({self.low})")
+        return self
+
+
+class LogNormalLengthSpec(_Clip):
+    """Lognormal lengths, by ``mean`` and ``p90`` or by ``mu`` and ``sigma``, then clipped."""
+
+    type: Literal["lognormal"]
+    mean: PositiveFloat | None = None
+    p90: PositiveFloat | None = None
+    mu: float | None = None
+    sigma: PositiveFloat | None = None
+
+    @model_validator(mode="after")
+    def _one_parametrisation(self) -> LogNormalLengthSpec:
+        by_moments = self.mean is not None and self.p90 is not None
+        by_params = self.mu is not None and self.sigma is not None
+        if by_moments == by_params:
+            raise ValueError("give either mean and p90, or mu and sigma")
+        return self
+
+
+class EmpiricalLengthSpec(_Clip):
+    """Lengths resampled from a column of a CSV file (e.g. a ShareGPT length table)."""
+
+    type: Literal["empirical"]
+    path: str
+    column: str
+
+
+LengthSpec = Annotated[
+    ConstantLengthSpec | UniformLengthSpec | LogNormalLengthSpec | EmpiricalLengthSpec,
+    Field(discriminator="type"),
+]
+
+
+# -- prefix structure -----------------------------------------------------------------------
+class NoPrefixSpec(Spec):
+    """Every prompt is unique."""
+
+    type: Literal["none"]
+
+
+class SharedPrefixSpec(Spec):
+    """``num_groups`` system prompts of ``prefix_tokens``; ``share`` of requests start with one."""
+
+    type: Literal["shared"]
+    num_groups: PositiveInt
+    prefix_tokens: PositiveInt
+    share: Annotated[float, Field(ge=0, le=1)] = 1.0
+
+
+class MultiTurnSpec(Spec):
+    """Sessions whose turns extend the conversation; arrivals are session starts."""
+
+    type: Literal["multi_turn"]
+    turns: LengthSpec
+    think_time_s: Annotated[float, Field(ge=0)]
+    system_prompt_tokens: Annotated[int, Field(ge=0)] = 0
+
+
+PrefixSpec = Annotated[NoPrefixSpec | SharedPrefixSpec | MultiTurnSpec, Field(discriminator="type")]
+
+
+class TraceSpec(Spec):
+    """Replay a trace file: its arrivals (scaled by ``time_scale``), lengths and prefixes."""
+
+    path: str
+    format: str = "auto"
+    time_scale: PositiveFloat = 1.0
+
+
+class WorkloadSpec(Spec):
+    """The request stream: arrivals, lengths, prefix structure, or a trace; and how many."""
+
+    arrival: ArrivalSpec | None = None
+    prompt_tokens: LengthSpec | None = None
+    output_tokens: LengthSpec | None = None
+    prefix: PrefixSpec = NoPrefixSpec(type="none")
+    trace: TraceSpec | None = None
+    num_requests: Annotated[int, Field(ge=1, le=MAX_REQUESTS)] | None = None
+    duration_s: PositiveFloat | None = None
+
+    @model_validator(mode="after")
+    def _complete(self) -> WorkloadSpec:
+        if self.trace is None:
+            missing = [
+                name
+                for name in ("arrival", "prompt_tokens", "output_tokens")
+                if getattr(self, name) is None
+            ]
+            if missing:
+                raise ValueError(f"needs {', '.join(missing)} (or a trace)")
+            if self.num_requests is None and self.duration_s is None:
+                raise ValueError("give num_requests or duration_s (or both: whichever ends first)")
+        return self
+
+
+# -- hardware, model, engine ----------------------------------------------------------------
+class CustomGPUSpec(Spec):
+    """A GPU not in the catalogue, in spec-sheet units."""
+
+    name: str
+    memory_gb: PositiveFloat
+    memory_bandwidth_tb_s: PositiveFloat
+    bf16_tflops: PositiveFloat
+    fp8_tflops: PositiveFloat | None = None
+    int8_tops: PositiveFloat | None = None
+    link_bandwidth_gb_s: PositiveFloat = 32.0
+    hourly_cost_usd: PositiveFloat | None = None
+
+    def build(self) -> GPU:
+        """The GPU value object."""
+        return GPU(
+            name=self.name,
+            memory_bytes=self.memory_gb * 1e9,
+            memory_bandwidth_bytes_per_s=self.memory_bandwidth_tb_s * 1e12,
+            bf16_flops=self.bf16_tflops * 1e12,
+            fp8_flops=self.fp8_tflops * 1e12 if self.fp8_tflops else None,
+            int8_ops=self.int8_tops * 1e12 if self.int8_tops else None,
+            link_bandwidth_bytes_per_s=self.link_bandwidth_gb_s * 1e9,
+            hourly_cost_usd=self.hourly_cost_usd,
+        )
+
+
+class HFConfigModelSpec(Spec):
+    """A model described by a local Hugging Face ``config.json``."""
+
+    hf_config: str
+
+
+class CustomModelSpec(Spec):
+    """A dense decoder given by its dimensions."""
+
+    name: str
+    num_layers: PositiveInt
+    hidden_size: PositiveInt
+    num_attention_heads: PositiveInt
+    num_key_value_heads: PositiveInt
+    head_dim: PositiveInt
+    intermediate_size: PositiveInt
+    vocab_size: PositiveInt
+    tie_word_embeddings: bool = False
+    max_position_embeddings: PositiveInt = 8192
+
+
+class EngineSpec(Spec):
+    """vLLM engine knobs, under vLLM's names. Defaults follow vLLM v1's defaults."""
+
+    max_num_seqs: PositiveInt = 256
+    max_num_batched_tokens: PositiveInt = 8192
+    block_size: Literal[1, 8, 16, 32, 64, 128] = 16
+    enable_prefix_caching: bool = True
+    enable_chunked_prefill: bool = True
+    gpu_memory_utilization: Annotated[float, Field(gt=0, le=1)] = 0.9
+    max_model_len: PositiveInt | None = None  # None: the model's max_position_embeddings
+    tensor_parallel_size: Literal[1, 2, 4, 8, 16] = 1
+    scheduling_policy: Literal["fcfs", "priority"] = "fcfs"
+    batching: Literal["continuous", "static", "dynamic"] = "continuous"
+    batch_window_s: Annotated[float, Field(ge=0)] = 0.05  # dynamic batching only
+
+
+class RooflineLatencySpec(Spec):
+    """First-principles step times; efficiencies are fractions of peak (see RooflineParams)."""
+
+    type: Literal["roofline"] = "roofline"
+    compute_efficiency: Fraction = _ROOFLINE.compute_efficiency
+    attention_compute_efficiency: Fraction = _ROOFLINE.attention_compute_efficiency
+    bandwidth_efficiency: Fraction = _ROOFLINE.bandwidth_efficiency
+    step_overhead_s: Annotated[float, Field(ge=0)] = _ROOFLINE.step_overhead_s
+    flash_attention: bool = _ROOFLINE.flash_attention
+
+    def params(self) -> RooflineParams:
+        """The roofline model's parameters."""
+        return RooflineParams(**self.model_dump(exclude={"type"}))
+
+
+class ConstantLatencySpec(Spec):
+    """Every step takes ``step_s`` (for queueing-theory checks)."""
+
+    type: Literal["constant"]
+    step_s: PositiveFloat
+
+
+class ExponentialLatencySpec(Spec):
+    """Exponential step times with mean ``mean_s`` (for queueing-theory checks)."""
+
+    type: Literal["exponential"]
+    mean_s: PositiveFloat
+
+
+LatencySpec = Annotated[
+    RooflineLatencySpec | ConstantLatencySpec | ExponentialLatencySpec,
+    Field(discriminator="type"),
+]
+
+
+class SLOSpec(Spec):
+    """Latency targets, each to be met at ``percentile``."""
+
+    ttft_s: PositiveFloat = 0.5
+    tpot_s: PositiveFloat = 0.05
+    percentile: Annotated[float, Field(gt=0, le=100)] = 90.0
+
+
+class OutputSpec(Spec):
+    """What the run records besides per-request records."""
+
+    sample_interval_s: PositiveFloat = 1.0
+    record_token_times: bool = False
+
+
+Dtype = Literal["bf16", "fp16", "fp8", "int8", "int4"]
+
+
+class Scenario(Spec):
+    """Everything a simulation needs."""
+
+    name: str = "scenario"
+    seed: Annotated[int, Field(ge=0)] = 0
+    model: str | HFConfigModelSpec | CustomModelSpec
+    gpu: str | CustomGPUSpec
+    dtype: Dtype = "bf16"
+    kv_cache_dtype: Literal["auto", "bf16", "fp16", "fp8"] = "auto"
+    engine: EngineSpec = EngineSpec()
+    workload: WorkloadSpec
+    latency: LatencySpec = RooflineLatencySpec()
+    slo: SLOSpec = SLOSpec()
+    output: OutputSpec = OutputSpec()
+
+    def resolve_model(self) -> ModelArch:
+        """The model architecture (catalogue, local config.json, or custom dimensions)."""
+        if isinstance(self.model, str):
+            return get_model(self.model)
+        if isinstance(self.model, HFConfigModelSpec):
+            return load_hf_config(self.model.hf_config)
+        return ModelArch(**self.model.model_dump())
+
+    def resolve_gpu(self) -> GPU:
+        """The GPU (catalogue or custom)."""
+        return get_gpu(self.gpu) if isinstance(self.gpu, str) else self.gpu.build()
+
+    @property
+    def kv_dtype(self) -> str:
+        """The KV cache's element type (``auto``: 16-bit for 16-bit and quantized weights)."""
+        if self.kv_cache_dtype != "auto":
+            return self.kv_cache_dtype
+        return "fp16" if self.dtype == "fp16" else "bf16"
+
+
+# -- error reporting ------------------------------------------------------------------------
+def _number(value: Any) -> Any:
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
+def _describe(error: ErrorDetails) -> str:
+    kind = error["type"]
+    ctx = error.get("ctx", {})
+    given = error.get("input")
+    if kind == "greater_than":
+        return f"must be > {_number(ctx['gt'])}, got {given!r}"
+    if kind == "greater_than_equal":
+        return f"must be >= {_number(ctx['ge'])}, got {given!r}"
+    if kind == "less_than_equal":
+        return f"must be <= {_number(ctx['le'])}, got {given!r}"
+    if kind == "less_than":
+        return f"must be < {_number(ctx['lt'])}, got {given!r}"
+    if kind == "missing":
+        return "required field is missing"
+    if kind == "literal_error":
+        return f"must be one of {ctx['expected']}, got {given!r}"
+    if kind == "union_tag_invalid":
+        return f"unknown type {ctx.get('tag')!r}; expected one of {ctx.get('expected_tags')}"
+    if kind == "union_tag_not_found":
+        return f"needs a 'type' key, one of the types of this section ({ctx.get('discriminator')})"
+    if kind == "value_error":
+        return str(ctx.get("error", error["msg"]))
+    return f"{error['msg'][0].lower()}{error['msg'][1:]}, got {given!r}"
+
+
+def _clean_location(loc: tuple[Any, ...], data: Any) -> tuple[list[str], Any]:
+    """Drop pydantic's union-member tags from a location, following the input data."""
+    parts: list[str] = []
+    node = data
+    for item in loc:
+        tag = isinstance(node, dict) and isinstance(item, str) and item not in node
+        if tag and _is_union_tag(str(item), node):
+            continue
+        parts.append(str(item))
+        if isinstance(node, dict):
+            node = node.get(item)
+        elif isinstance(node, list) and isinstance(item, int) and item < len(node):
+            node = node[item]
+        else:
+            node = None
+    return parts, node
+
+
+_TYPE_TAGS = {"str", "int", "float", "bool", "list", "dict", "none", "tuple"}
+
+
+def _is_union_tag(item: str, node: dict[str, Any]) -> bool:
+    """Pydantic names the union member it tried ("poisson", "str", "CustomGPUSpec", …)."""
+    return (
+        node.get("type") == item
+        or item in _TYPE_TAGS
+        or item[:1].isupper()
+        or not item.isidentifier()
+    )
+
+
+def _all_member_fields(path: list[str], data: Any) -> list[str]:
+    """Fields of the union member selected by the input's ``type`` (or of the plain model)."""
+    model: Any = Scenario
+    node = data
+    for part in path:
+        fields = getattr(model, "model_fields", None)
+        if not fields or part not in fields:
+            return []
+        node = node.get(part) if isinstance(node, dict) else None
+        model = _member_for(fields[part].annotation, node)
+    return list(getattr(model, "model_fields", {}))
+
+
+def _member_for(annotation: Any, node: Any) -> Any:
+    members = _models_in(annotation)
+    if isinstance(node, dict) and "type" in node:
+        for member in members:
+            type_field = member.model_fields.get("type")
+            if type_field is not None and node["type"] in getattr(
+                type_field.annotation, "__args__", ()
+            ):
+                return member
+    if isinstance(node, dict):
+        # Pick the member whose fields cover most of the given keys.
+        return max(members, key=lambda m: len(set(node) & set(m.model_fields)), default=None)
+    return members[0] if members else None
+
+
+def _models_in(annotation: Any) -> list[Any]:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return [annotation]
+    found: list[Any] = []
+    for arg in getattr(annotation, "__args__", ()):
+        found.extend(_models_in(arg))
+    return found
+
+
+def format_errors(exc: ValidationError, data: Any) -> list[str]:
+    """One line per problem, ``dotted.path: what is wrong, got X``, without pydantic noise."""
+    lines: list[str] = []
+    seen: set[str] = set()
+    errors = exc.errors()
+    # A union like ``model: str | {...}`` fails once per member; report the useful member only.
+    for error in errors:
+        parts, _ = _clean_location(tuple(error["loc"]), data)
+        if error["type"] == "extra_forbidden":
+            key = parts[-1]
+            valid = _all_member_fields(parts[:-1], data)
+            hint = difflib.get_close_matches(key, valid, n=1)
+            suggestion = f"; did you mean '{hint[0]}'?" if hint else ""
+            choices = f" (valid keys: {', '.join(valid)})" if valid and not hint else ""
+            line = f"{'.'.join(parts)}: unknown key{suggestion}{choices}"
+        elif error["type"] in ("string_type", "model_type", "dict_type") and _is_union_noise(
+            error, errors
+        ):
+            continue
+        else:
+            line = f"{'.'.join(parts) or '(top level)'}: {_describe(error)}"
+        if line not in seen:
+            seen.add(line)
+            lines.append(line)
+    return lines
+
+
+def _is_union_noise(error: ErrorDetails, errors: list[ErrorDetails]) -> bool:
+    """A 'wrong type for one union member' error when other members report the real problem."""
+    noise = ("string_type", "model_type", "dict_type")
+    return len(errors) > 1 and any(e["type"] not in noise for e in errors)
+
+
+def parse_scenario(data: Any, source: str = "scenario") -> Scenario:
+    """Validate a parsed YAML/JSON document; raise :class:`ScenarioError` listing every problem."""
+    if not isinstance(data, dict):
+        raise ScenarioError(
+            [f"(top level): expected a mapping of sections, got {type(data).__name__}"], source
+        )
+    try:
+        scenario = Scenario.model_validate(data)
+    except ValidationError as exc:
+        raise ScenarioError(format_errors(exc, data), source) from None
+    problems = check_consistency(scenario)
+    if problems:
+        raise ScenarioError(problems, source)
+    return scenario
+
+
+def check_consistency(scenario: Scenario) -> list[str]:
+    """Knob combinations that validate one by one but cannot work together."""
+    problems: list[str] = []
+    try:
+        model = scenario.resolve_model()
+    except ValueError as exc:
+        return [f"model: {exc}"]
+    try:
+        gpu = scenario.resolve_gpu()
+    except ValueError as exc:
+        return [f"gpu: {exc}"]
+    engine = scenario.engine
+    tp = engine.tensor_parallel_size
+    if model.num_attention_heads % tp:
+        problems.append(
+            f"engine.tensor_parallel_size: {tp} does not divide the model's "
+            f"{model.num_attention_heads} attention heads; use a divisor"
+        )
+    max_model_len = engine.max_model_len or model.max_position_embeddings
+    if not engine.enable_chunked_prefill and engine.max_num_batched_tokens < max_model_len:
+        problems.append(
+            f"engine.max_num_batched_tokens: {engine.max_num_batched_tokens} is below "
+            f"max_model_len={max_model_len} with chunked prefill off, so long prompts could never "
+            "be scheduled; raise it, lower engine.max_model_len, or set enable_chunked_prefill"
+        )
+    if engine.max_num_batched_tokens < engine.max_num_seqs:
+        problems.append(
+            f"engine.max_num_batched_tokens: {engine.max_num_batched_tokens} is below "
+            f"max_num_seqs={engine.max_num_seqs}; vLLM requires it to be at least max_num_seqs"
+        )
+    try:
+        gpu.tensor_flops(scenario.dtype if scenario.dtype in ("fp8", "int8") else "bf16")
+    except ValueError as exc:
+        problems.append(f"dtype: {exc}")
+    return problems
+
+
+def load_scenario(path: str | Path) -> Scenario:
+    """Read and validate a scenario YAML file."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ScenarioError([f"file not found: {path}"], str(path)) from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ScenarioError([f"cannot read {path}: {exc}"], str(path)) from None
+    return parse_scenario(parse_yaml(text, str(path)), str(path))
+
+
+def parse_yaml(text: str, source: str) -> Any:
+    """``yaml.safe_load`` with errors reported as file:line:column."""
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise ScenarioError([f"{where}invalid YAML: {problem}"], source) from None
+
+
+DEFAULT_SCENARIO_FILE = "default_scenario.yaml"
+
+
+def default_scenario_text() -> str:
+    """The embedded default scenario (Llama-3.1-8B on one H100 SXM, chat traffic)."""
+    return resources.files("sim").joinpath(DEFAULT_SCENARIO_FILE).read_text(encoding="utf-8")
+
+
+def default_scenario() -> Scenario:
+    """The embedded default scenario, validated."""
+    return parse_scenario(
+        parse_yaml(default_scenario_text(), "default scenario"), "default scenario"
+    )
+
+
+def scenario_to_yaml(scenario: Scenario) -> str:
+    """The scenario as YAML that :func:`load_scenario` reads back to an equal scenario."""
+    return yaml.safe_dump(scenario.model_dump(mode="json", exclude_none=True), sort_keys=False)

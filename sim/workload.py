@@ -1,0 +1,208 @@
+"""Workloads: arrival process × length distributions × prefix structure → a list of requests.
+
+The same seed always gives the same requests. Prefix structure decides which requests share
+KV blocks:
+
+* :class:`SharedPrefix` — K system prompts; a share of requests starts with one of them
+  (chosen uniformly), followed by the request's own user tokens.
+* :class:`MultiTurn` — sessions of several turns; each turn's prompt is the whole conversation so
+  far (earlier prompts and outputs) plus new user tokens, so it extends the previous turn's KV.
+  Sessions start at the arrival process's times; each later turn arrives an exponential think
+  time after the previous one (open loop: it does not wait for the previous answer, so a live run
+  sends exactly the same requests at the same times).
+* Traces carry their own structure (Mooncake block hashes, exact token ids).
+
+Requests too long for the engine are kept: the replica rejects them with a status, as vLLM does.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from sim.arrivals import ArrivalProcess
+from sim.lengths import LengthDistribution
+from sim.request import Request, Segment, SourceNamespace, source_id
+from sim.traces import Trace
+
+
+@dataclass(frozen=True)
+class SharedPrefix:
+    """``num_groups`` system prompts of ``prefix_tokens`` tokens; ``share`` of requests use one."""
+
+    num_groups: int
+    prefix_tokens: int
+    share: float = 1.0
+
+
+@dataclass(frozen=True)
+class MultiTurn:
+    """Multi-turn sessions: turns per session, mean think time, optional shared system prompt."""
+
+    turns: LengthDistribution
+    think_time_s: float
+    system_prompt_tokens: int = 0
+
+
+PrefixStructure = SharedPrefix | MultiTurn | None
+
+
+def _unique(request_id: int, part: int) -> int:
+    return source_id(SourceNamespace.UNIQUE, request_id, part)
+
+
+def generate_requests(
+    seed_sequence: np.random.SeedSequence,
+    arrivals: ArrivalProcess,
+    prompt_tokens: LengthDistribution,
+    output_tokens: LengthDistribution,
+    prefix: PrefixStructure = None,
+    *,
+    num_requests: int | None = None,
+    duration_s: float | None = None,
+) -> list[Request]:
+    """Draw a synthetic workload. Each component gets its own child generator of ``seed_sequence``.
+
+    With :class:`SharedPrefix`, ``prompt_tokens`` is the user part after the system prompt. With
+    :class:`MultiTurn`, it is the new user text of each turn.
+    """
+    arrival_seq, prompt_seq, output_seq, prefix_seq = seed_sequence.spawn(4)
+    arrival_rng = np.random.default_rng(arrival_seq)
+    if isinstance(prefix, MultiTurn):
+        return _multi_turn(
+            arrival_rng,
+            np.random.default_rng(prompt_seq),
+            np.random.default_rng(output_seq),
+            np.random.default_rng(prefix_seq),
+            arrivals,
+            prompt_tokens,
+            output_tokens,
+            prefix,
+            num_requests=num_requests,
+            duration_s=duration_s,
+        )
+    times = arrivals.times(arrival_rng, num_requests=num_requests, duration_s=duration_s)
+    n = len(times)
+    prompts = prompt_tokens.sample(np.random.default_rng(prompt_seq), n)
+    outputs = output_tokens.sample(np.random.default_rng(output_seq), n)
+    groups = np.full(n, -1, dtype=np.int64)
+    if isinstance(prefix, SharedPrefix):
+        prefix_rng = np.random.default_rng(prefix_seq)
+        in_group = prefix_rng.random(n) < prefix.share
+        chosen = prefix_rng.integers(0, prefix.num_groups, n)
+        groups = np.where(in_group, chosen, -1)
+    requests = []
+    for i in range(n):
+        user = int(prompts[i])
+        group = int(groups[i])
+        segments: tuple[Segment, ...]
+        if group >= 0 and isinstance(prefix, SharedPrefix):
+            system = (source_id(SourceNamespace.SYSTEM_PROMPT, group), prefix.prefix_tokens)
+            segments = (system, (_unique(i, 0), user))
+            total = prefix.prefix_tokens + user
+        else:
+            segments = ((_unique(i, 0), user),)
+            total = user
+        requests.append(
+            Request(
+                request_id=i,
+                arrival_s=float(times[i]),
+                prompt_tokens=total,
+                output_tokens=int(outputs[i]),
+                segments=segments,
+                output_source_id=_unique(i, 1),
+                prefix_group=group,
+            )
+        )
+    return requests
+
+
+def _multi_turn(
+    arrival_rng: np.random.Generator,
+    prompt_rng: np.random.Generator,
+    output_rng: np.random.Generator,
+    session_rng: np.random.Generator,
+    arrivals: ArrivalProcess,
+    prompt_tokens: LengthDistribution,
+    output_tokens: LengthDistribution,
+    spec: MultiTurn,
+    *,
+    num_requests: int | None,
+    duration_s: float | None,
+) -> list[Request]:
+    # Enough sessions to cover num_requests turns even if every session had one turn.
+    starts = arrivals.times(arrival_rng, num_requests=num_requests, duration_s=duration_s)
+    turns = spec.turns.sample(session_rng, len(starts))
+    system: tuple[Segment, ...] = ()
+    if spec.system_prompt_tokens:
+        system = ((source_id(SourceNamespace.SYSTEM_PROMPT, 0), spec.system_prompt_tokens),)
+    drafts: list[tuple[float, int, int, tuple[Segment, ...], int, int]] = []
+    for session, (start, num_turns) in enumerate(zip(starts, turns, strict=True)):
+        history: list[Segment] = list(system)
+        arrival = float(start)
+        for turn in range(int(num_turns)):
+            if turn:
+                arrival += float(session_rng.exponential(spec.think_time_s))
+            if duration_s is not None and arrival >= duration_s:
+                break
+            user = int(prompt_tokens.sample(prompt_rng, 1)[0])
+            output = int(output_tokens.sample(output_rng, 1)[0])
+            user_source = source_id(SourceNamespace.UNIQUE, -session - 1, turn, 0)
+            output_source = source_id(SourceNamespace.UNIQUE, -session - 1, turn, 1)
+            history.append((user_source, user))
+            drafts.append((arrival, session, turn, tuple(history), output, output_source))
+            history.append((output_source, output))
+    drafts.sort(key=lambda d: (d[0], d[1], d[2]))
+    if num_requests is not None:
+        drafts = drafts[:num_requests]
+    requests = []
+    for i, (arrival, session, _turn, segments, output, output_source) in enumerate(drafts):
+        requests.append(
+            Request(
+                request_id=i,
+                arrival_s=arrival,
+                prompt_tokens=sum(n for _, n in segments),
+                output_tokens=output,
+                segments=segments,
+                output_source_id=output_source,
+                session_id=session,
+                prefix_group=0 if system else -1,
+            )
+        )
+    return requests
+
+
+def requests_from_trace(
+    trace: Trace,
+    *,
+    time_scale: float = 1.0,
+    arrival_times_s: np.ndarray | None = None,
+) -> list[Request]:
+    """Requests replaying a trace: its arrivals × ``time_scale`` (or ``arrival_times_s`` for a
+    length-only trace), its lengths, and its prefix structure where it has one.
+    """
+    if arrival_times_s is None:
+        if trace.arrival_s is None:
+            raise ValueError(
+                f"trace {trace.path} has no timestamps; give workload.arrival to draw arrivals"
+            )
+        arrival_times_s = trace.arrival_s * time_scale
+    n = min(len(trace), len(arrival_times_s))
+    requests = []
+    for i in range(n):
+        prompt = int(trace.prompt_tokens[i])
+        segments = trace.segments[i] if trace.segments is not None else ((_unique(i, 0), prompt),)
+        session = int(trace.session_ids[i]) if trace.session_ids is not None else -1
+        requests.append(
+            Request(
+                request_id=i,
+                arrival_s=float(arrival_times_s[i]),
+                prompt_tokens=prompt,
+                output_tokens=int(trace.output_tokens[i]),
+                segments=tuple(segments),
+                output_source_id=_unique(i, 1),
+                session_id=session,
+            )
+        )
+    return requests

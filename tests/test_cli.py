@@ -1,0 +1,95 @@
+"""The servesim command line, run as a user runs it (a subprocess) where exit codes matter."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+from typer.testing import CliRunner
+
+from sim.cli import app
+from tests.factories import scenario_dict
+
+runner = CliRunner()
+
+
+def servesim(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "sim.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+def test_run_default_scenario_prints_the_report() -> None:
+    result = runner.invoke(app, ["run"])
+    assert result.exit_code == 0, result.output
+    for label in ("TTFT", "TPOT", "E2E", "prefix-cache hit rate", "SLO attainment"):
+        assert label in result.output
+
+
+def test_run_json_and_out(tmp_path: Path) -> None:
+    scenario = tmp_path / "s.yaml"
+    scenario.write_text(yaml.safe_dump(scenario_dict()))
+    out = tmp_path / "run"
+    result = servesim("run", str(scenario), "--json", "--out", str(out), "--format", "csv")
+    assert result.returncode == 0, result.stderr
+    summary = json.loads(result.stdout)
+    assert summary["requests"]["total"] == 50
+    assert json.loads((out / "summary.json").read_text()) == summary
+    assert (out / "records.csv").exists() and (out / "timeseries.csv").exists()
+
+
+def test_bad_scenario_exits_2_with_one_line_per_problem_and_no_traceback(tmp_path: Path) -> None:
+    data = scenario_dict(engine={"max_num_seq": 4})
+    data["workload"]["arrival"]["rate"] = -3
+    scenario = tmp_path / "bad.yaml"
+    scenario.write_text(yaml.safe_dump(data))
+    result = servesim("run", str(scenario))
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr
+    assert "workload.arrival.rate: must be > 0, got -3" in result.stderr
+    assert "engine.max_num_seq: unknown key; did you mean 'max_num_seqs'?" in result.stderr
+
+
+def test_model_that_does_not_fit_is_a_clean_error(tmp_path: Path) -> None:
+    scenario = tmp_path / "big.yaml"
+    scenario.write_text(yaml.safe_dump(scenario_dict(model="llama-3.1-405b")))
+    result = servesim("run", str(scenario))
+    assert result.returncode == 2
+    assert "does not fit" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_missing_file_and_bad_format_flag() -> None:
+    result = servesim("run", "/nonexistent/scenario.yaml")
+    assert result.returncode == 2 and "file not found" in result.stderr
+    result = servesim("run", "--format", "xml")
+    assert result.returncode == 2 and "--format" in result.stderr
+
+
+def test_inspect_prints_memory_and_step_times() -> None:
+    result = runner.invoke(app, ["inspect", "--model", "llama-3.1-8b", "--gpu", "h100-sxm"])
+    assert result.exit_code == 0, result.output
+    assert "131,072" in result.output  # KV bytes per token
+    assert "decode batch 128" in result.output and "prefill 2048" in result.output
+    bad = runner.invoke(app, ["inspect", "--model", "llama-9", "--gpu", "h100-sxm"])
+    assert bad.exit_code == 2
+
+
+def test_default_scenario_command_round_trips(tmp_path: Path) -> None:
+    result = runner.invoke(app, ["default-scenario"])
+    assert result.exit_code == 0
+    path = tmp_path / "default.yaml"
+    path.write_text(result.output)
+    assert runner.invoke(app, ["validate", str(path)]).exit_code == 0
+
+
+def test_catalog_lists_gpus_and_models() -> None:
+    result = runner.invoke(app, ["catalog"])
+    assert result.exit_code == 0
+    assert "h100-sxm" in result.output and "qwen2.5-72b" in result.output

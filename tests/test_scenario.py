@@ -1,0 +1,161 @@
+"""Scenario validation: one clear line per problem, naming the field; defaults that run."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from sim.scenario import (
+    ScenarioError,
+    default_scenario,
+    load_scenario,
+    parse_scenario,
+    scenario_to_yaml,
+)
+from tests.factories import scenario_dict
+
+
+def problems(data: object) -> list[str]:
+    with pytest.raises(ScenarioError) as info:
+        parse_scenario(data)
+    return info.value.problems
+
+
+def test_default_scenario_is_valid_and_as_documented() -> None:
+    scenario = default_scenario()
+    assert scenario.model == "llama-3.1-8b"
+    assert scenario.gpu == "h100-sxm"
+    assert scenario.dtype == "bf16"
+    assert scenario.engine.enable_prefix_caching and scenario.engine.enable_chunked_prefill
+
+
+def test_negative_rate_names_the_field_and_value() -> None:
+    data = scenario_dict()
+    data["workload"]["arrival"]["rate"] = -3
+    assert problems(data) == ["workload.arrival.rate: must be > 0, got -3"]
+
+
+def test_unknown_keys_get_a_did_you_mean_hint() -> None:
+    data = scenario_dict(engine={"max_num_seq": 12})
+    data["workload"]["prompt_tokens"] = {"type": "constant", "valeu": 5}
+    found = problems(data)
+    assert "engine.max_num_seq: unknown key; did you mean 'max_num_seqs'?" in found
+    assert "workload.prompt_tokens.valeu: unknown key; did you mean 'value'?" in found
+    assert "workload.prompt_tokens.value: required field is missing" in found
+
+
+def test_top_level_typo() -> None:
+    data = scenario_dict()
+    data["worklaod"] = data.pop("workload")
+    found = problems(data)
+    assert "worklaod: unknown key; did you mean 'workload'?" in found
+    assert "workload: required field is missing" in found
+
+
+def test_every_problem_is_reported_once() -> None:
+    data = scenario_dict(engine={"gpu_memory_utilization": 1.5, "block_size": 7})
+    data["workload"]["arrival"] = {"type": "poison", "rate": 2}
+    found = problems(data)
+    assert len(found) == len(set(found)) == 3
+    assert "engine.gpu_memory_utilization: must be <= 1, got 1.5" in found
+    assert any(p.startswith("engine.block_size: must be one of") for p in found)
+    assert any(p.startswith("workload.arrival: unknown type 'poison'") for p in found)
+
+
+def test_wrong_types_are_named() -> None:
+    data = scenario_dict()
+    data["workload"]["num_requests"] = "many"
+    assert problems(data) == [
+        "workload.num_requests: input should be a valid integer, "
+        "unable to parse string as an integer, got 'many'"
+    ]
+
+
+def test_absurd_request_counts_are_refused() -> None:
+    data = scenario_dict()
+    data["workload"]["num_requests"] = 10**9
+    assert problems(data) == ["workload.num_requests: must be <= 10000000, got 1000000000"]
+
+
+def test_workload_needs_a_size() -> None:
+    data = scenario_dict()
+    del data["workload"]["num_requests"]
+    assert problems(data) == [
+        "workload: give num_requests or duration_s (or both: whichever ends first)"
+    ]
+
+
+def test_contradictory_knobs() -> None:
+    data = scenario_dict(
+        engine={
+            "enable_chunked_prefill": False,
+            "max_num_batched_tokens": 2048,
+            "max_model_len": 8192,
+        }
+    )
+    found = problems(data)
+    assert len(found) == 1 and found[0].startswith("engine.max_num_batched_tokens: 2048")
+    assert "enable_chunked_prefill" in found[0]
+
+
+def test_tp_must_divide_the_heads() -> None:
+    data = scenario_dict(model="qwen2.5-7b", engine={"tensor_parallel_size": 8})
+    assert problems(data) == [
+        "engine.tensor_parallel_size: 8 does not divide the model's 28 attention heads; "
+        "use a divisor"
+    ]
+
+
+def test_unknown_model_and_gpu_suggest_names() -> None:
+    assert "did you mean 'llama-3.1-8b'" in problems(scenario_dict(model="llama-3.1-8"))[0]
+    assert "did you mean 'h100-sxm'" in problems(scenario_dict(gpu="h10-sxm"))[0]
+
+
+def test_fp8_on_a100_is_refused() -> None:
+    found = problems(scenario_dict(gpu="a100-80gb-sxm", dtype="fp8"))
+    assert len(found) == 1 and found[0].startswith("dtype:") and "fp8" in found[0]
+
+
+def test_custom_gpu_and_hf_config_model(tmp_path: Path) -> None:
+    config = tmp_path / "config.json"
+    config.write_text(
+        json.dumps(
+            {
+                "num_hidden_layers": 4,
+                "hidden_size": 256,
+                "num_attention_heads": 4,
+                "num_key_value_heads": 2,
+                "intermediate_size": 512,
+                "vocab_size": 1000,
+                "max_position_embeddings": 2048,
+            }
+        )
+    )
+    data = scenario_dict(
+        model={"hf_config": str(config)},
+        gpu={"name": "lab", "memory_gb": 24, "memory_bandwidth_tb_s": 1, "bf16_tflops": 100},
+        engine={"max_model_len": 2048},
+    )
+    scenario = parse_scenario(data)
+    assert scenario.resolve_model().hidden_size == 256
+    assert scenario.resolve_gpu().memory_bytes == 24e9
+
+
+def test_yaml_round_trip(tmp_path: Path) -> None:
+    path = tmp_path / "s.yaml"
+    path.write_text(scenario_to_yaml(default_scenario()))
+    assert load_scenario(path) == default_scenario()
+
+
+def test_broken_yaml_and_missing_files_are_clean_errors(tmp_path: Path) -> None:
+    path = tmp_path / "broken.yaml"
+    path.write_text("model: llama-3.1-8b\nworkload: [\n")
+    with pytest.raises(ScenarioError, match=r"line 3, column 1: invalid YAML"):
+        load_scenario(path)
+    with pytest.raises(ScenarioError, match="file not found"):
+        load_scenario(tmp_path / "nope.yaml")
+    path.write_text("- just\n- a list\n")
+    with pytest.raises(ScenarioError, match="expected a mapping"):
+        load_scenario(path)
