@@ -13,6 +13,7 @@ from typing import Annotated, Any, Literal
 
 import typer
 from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from sim.hardware import GPU_CATALOG, get_gpu
@@ -125,9 +126,17 @@ def run(
         simulation = build(scenario)
     except ValueError as exc:
         _fail(str(exc))
-    if not as_json:
-        stderr.print(f"simulating {len(simulation.requests):,} requests …", highlight=False)
-    result = simulation.run()
+    with Progress(
+        TextColumn("simulating"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=stderr,
+        transient=True,
+        disable=as_json,
+    ) as bar:
+        task = bar.add_task("requests", total=len(simulation.requests))
+        result = simulation.run(progress=lambda done, total: bar.update(task, completed=done))
     if out is not None:
         file_format: Literal["parquet", "csv"] = "csv" if fmt == "csv" else "parquet"
         for path in result.write(out, file_format):

@@ -8,8 +8,8 @@ Conventions, so that every number in this module means the same thing:
   not run sparse kernels, so the dense rate is the one a roofline model should use.
 - **Decimal units.** Capacities and bandwidths are decimal as printed on spec sheets: 80 GB is
   ``80e9`` bytes, 3.35 TB/s is ``3.35e12`` bytes/s. (An "80 GB" H100 actually exposes about
-  79.6 GiB ≈ 85.5e9 bytes to CUDA; using the printed figure is the conservative choice, and the
-  usable fraction is the serving engine's ``gpu_memory_utilization`` anyway.)
+  79.6 GiB ≈ 85.5e9 bytes to CUDA: :func:`reported_memory_bytes` converts the printed figure to
+  what CUDA reports, which is what vLLM's ``gpu_memory_utilization`` is a fraction of.)
 - **One-direction links.** ``link_bandwidth_bytes_per_s`` is what one GPU can send to its peers in
   one direction. NVLink figures on datasheets are bidirectional totals, so we halve them; PCIe
   cards without an NVLink fabric use the one-direction PCIe x16 rate.
@@ -165,6 +165,18 @@ class GPU:
                 f"or choose a GPU that supports {key}"
             )
         return rate
+
+
+#: CUDA's total device memory as a fraction of the datasheet capacity read as GiB (datasheet
+#: "GB" for HBM and GDDR are binary sizes; the driver keeps a little). Measured: an RTX 4090
+#: ("24 GB") reports 25,250,627,584 bytes (vLLM 0.19 run,
+#: shared/data/vllm_real_runs/llmservingsim_RTX4090_llama31_8b/meta.json) = 0.980 × 24 GiB.
+REPORTED_FRACTION_OF_GIB = 0.98
+
+
+def reported_memory_bytes(gpu: GPU) -> float:
+    """Total device memory as CUDA reports it (and vLLM's ``gpu_memory_utilization`` scales)."""
+    return gpu.memory_bytes / 1e9 * 2**30 * REPORTED_FRACTION_OF_GIB
 
 
 GPU_CATALOG: dict[str, GPU] = {

@@ -22,7 +22,7 @@ from typing import Protocol
 
 import numpy as np
 
-from sim.hardware import GPU, bytes_per_element
+from sim.hardware import GPU, bytes_per_element, reported_memory_bytes
 from sim.models import ModelArch
 
 
@@ -255,9 +255,10 @@ class MemoryPlan:
         return self.num_blocks * self.block_size
 
 
-#: vLLM's non-torch memory (CUDA context, NCCL buffers) and CUDA-graph pools, per GPU. vLLM
-#: measures these at start-up; about 1–2 GiB is typical on Hopper, so we reserve 1.5 GB.
-FIXED_RESERVE_BYTES = 1.5e9
+#: vLLM's non-torch memory (CUDA context, NCCL buffers) and CUDA-graph pools, per GPU, which
+#: vLLM measures at start-up. 1.0 GB reproduces the KV capacity of a real vLLM 0.19 run of
+#: Llama-3.1-8B on an RTX 4090 (41,408 tokens; shared/data/vllm_real_runs, tests/test_latency.py).
+FIXED_RESERVE_BYTES = 1.0e9
 
 
 def plan_memory(
@@ -273,14 +274,15 @@ def plan_memory(
 ) -> MemoryPlan:
     """KV blocks per replica, as vLLM sizes them at start-up.
 
-    Per GPU: ``memory × gpu_memory_utilization − weights/TP − peak activations − fixed
+    Per GPU: ``reported memory × gpu_memory_utilization − weights/TP − peak activations − fixed
     reserve`` is left for KV; divided by the KV bytes per token per GPU and rounded down to whole
     blocks. Peak activations are those of a forward pass over ``max_num_batched_tokens`` tokens
     (the MLP's gate/up output dominates). Raises ValueError when the weights do not fit.
     """
     tp = tensor_parallel_size
     weight_bytes = model.weight_bytes(dtype) / tp
-    usable = gpu.memory_bytes * gpu_memory_utilization
+    device_bytes = reported_memory_bytes(gpu)
+    usable = device_bytes * gpu_memory_utilization
     tokens = max_num_batched_tokens
     activation = tokens * (4 * model.hidden_size + 3 * model.intermediate_size / tp) * 2.0
     kv_per_token = model.kv_bytes_per_token(kv_dtype or dtype) / min(tp, model.num_key_value_heads)
@@ -295,7 +297,7 @@ def plan_memory(
         )
     num_blocks = int(kv_bytes // (kv_per_token * block_size))
     return MemoryPlan(
-        gpu_memory_bytes=gpu.memory_bytes,
+        gpu_memory_bytes=device_bytes,
         usable_bytes=usable,
         weight_bytes=weight_bytes,
         activation_bytes=activation,

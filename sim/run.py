@@ -274,11 +274,12 @@ class Simulation:
         total = len(records)
         all_done = env.event()
         finished = 0
+        progress_every = max(1, total // 200)
 
         def on_finish(record: Record) -> None:
             nonlocal finished
             finished += 1
-            if progress is not None and finished % 1000 == 0:
+            if progress is not None and finished % progress_every == 0:
                 progress(finished, total)
             if finished == total:
                 all_done.succeed()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import json
 from collections import defaultdict
 from pathlib import Path
 
@@ -60,6 +61,27 @@ def test_kv_capacity_matches_the_hand_computation() -> None:
     by_hand = (0.9 * 80e9 - LLAMA_8B.weight_bytes("bf16")) / (128 * 1024)
     assert plan.kv_capacity_tokens == pytest.approx(by_hand, rel=0.10)
     assert plan.kv_capacity_tokens % 16 == 0
+
+
+def test_kv_capacity_matches_a_real_vllm_run(shared_data: Path) -> None:
+    """vLLM 0.19, Llama-3.1-8B bf16 on an RTX 4090, max_num_batched_tokens 2048, utilisation 0.9."""
+    meta_path = shared_data / "vllm_real_runs/llmservingsim_RTX4090_llama31_8b/meta.json"
+    meta = json.loads(meta_path.read_text())
+    engine = meta["engine_kwargs"]
+    plan = plan_memory(
+        LLAMA_8B,
+        get_gpu(meta["hardware"]["device_name"]),
+        dtype="bf16",
+        kv_dtype="bf16",
+        tensor_parallel_size=engine["tensor_parallel_size"],
+        gpu_memory_utilization=meta["kv_cache"]["gpu_memory_utilization"],
+        max_num_batched_tokens=engine["max_num_batched_tokens"],
+        block_size=meta["kv_cache"]["block_size"],
+    )
+    assert plan.gpu_memory_bytes == pytest.approx(
+        meta["hardware"]["device_total_memory_bytes"], rel=0.01
+    )
+    assert plan.kv_capacity_tokens == pytest.approx(meta["kv_cache"]["num_kv_tokens"], rel=0.03)
 
 
 def test_decode_is_memory_bound_then_compute_bound() -> None:
