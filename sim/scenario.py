@@ -17,8 +17,10 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from pydantic_core import ErrorDetails
 
+from sim.arrivals import PiecewiseRate
 from sim.hardware import GPU, get_gpu
 from sim.latency import RooflineParams
+from sim.lengths import LogNormalLength
 from sim.models import ModelArch, get_model, load_hf_config
 
 #: The most requests a scenario may ask for; beyond this a run would not fit in memory.
@@ -90,6 +92,11 @@ class PiecewiseArrivalSpec(Spec):
     points: Annotated[list[tuple[float, float]], Field(min_length=1)]
     interpolation: Literal["step", "linear"] = "step"
     period_s: PositiveFloat | None = None
+
+    @model_validator(mode="after")
+    def _valid_schedule(self) -> PiecewiseArrivalSpec:
+        PiecewiseRate(tuple(self.points), self.interpolation, self.period_s)
+        return self
 
 
 class DiurnalArrivalSpec(Spec):
@@ -163,6 +170,8 @@ class LogNormalLengthSpec(_Clip):
         by_params = self.mu is not None and self.sigma is not None
         if by_moments == by_params:
             raise ValueError("give either mean and p90, or mu and sigma")
+        if self.mean is not None and self.p90 is not None:
+            LogNormalLength.from_mean_p90(self.mean, self.p90)  # raises if no lognormal fits
         return self
 
 
@@ -512,7 +521,12 @@ def format_errors(exc: ValidationError, data: Any) -> list[str]:
         ):
             continue
         else:
-            line = f"{'.'.join(parts) or '(top level)'}: {_describe(error)}"
+            message = _describe(error)
+            # Domain objects name their own field ("p90: ..."); fold it into the path.
+            field, _, rest = message.partition(": ")
+            if rest and field in _all_member_fields(parts, data):
+                parts, message = [*parts, field], rest
+            line = f"{'.'.join(parts) or '(top level)'}: {message}"
         if line not in seen:
             seen.add(line)
             lines.append(line)
