@@ -269,27 +269,26 @@ class ContinuousBatchScheduler(_TokenEmitter):
                 index += 1
                 continue
             assert num_new > 0
+            seq_preempted = False
             while not kv.allocate_slots(seq.request_id, seq.keys, seq.num_computed_tokens, num_new):
                 victim = self._pick_victim()
                 if victim.request_id in scheduled_ids:
-                    # Priority policy: undo the victim's place in this step.
+                    # Priority policy: the victim was already scheduled, earlier in the list.
                     position = scheduled_ids.pop(victim.request_id)
                     budget += scheduled[position][1]
                     scheduled[position] = (victim, 0)
+                    index -= 1
                 self._preempt(victim)
                 preempted.append(victim)
                 if victim is seq:
+                    seq_preempted = True
                     break
-            else:
-                scheduled_ids[seq.request_id] = len(scheduled)
-                scheduled.append((seq, num_new))
-                budget -= num_new
-                index += 1
-                continue
-            # ``seq`` itself was preempted: nothing after it can be scheduled either.
-            if config.policy == "fcfs":
-                break
-            index = self.running.index(seq) + 1 if seq in self.running else index
+            if seq_preempted:
+                break  # as vLLM: once a request cannot stay, nothing after it is scheduled
+            scheduled_ids[seq.request_id] = len(scheduled)
+            scheduled.append((seq, num_new))
+            budget -= num_new
+            index += 1
         scheduled = [(s, n) for s, n in scheduled if n > 0]
 
         if not preempted:

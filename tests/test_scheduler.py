@@ -155,3 +155,24 @@ def test_prefix_hits_are_skipped_and_recorded_as_cached_tokens() -> None:
     assert second.record.cached_tokens == 64
     kv = scheduler.kv
     assert (kv.queries_tokens, kv.hits_tokens) == (190, 64)
+
+
+def test_priority_preemption_can_take_back_a_request_scheduled_earlier_in_the_step() -> None:
+    scheduler = make_scheduler(num_blocks=4, enable_prefix_caching=False, policy="priority")
+    low = make_sequence(make_request(0, prompt_tokens=20, output_tokens=30, priority=5))
+    high = make_sequence(make_request(1, prompt_tokens=31, output_tokens=30, priority=0))
+    scheduler.add(low)
+    plan = scheduler.schedule(0.0)
+    assert plan is not None
+    scheduler.complete(plan, 1.0)
+    scheduler.add(high)  # running is now [low, high]
+    now = 1.0
+    while (plan := scheduler.schedule(now)) is not None and not plan.preempted:
+        now += 1.0
+        scheduler.complete(plan, now)
+    assert plan is not None
+    # high needs a third block; low (worse priority) is already scheduled this step but goes.
+    assert plan.preempted == [low]
+    assert rows(plan) == [(1, 1)]
+    assert scheduler.running == [high]
+    scheduler.kv.check_invariants()
