@@ -17,7 +17,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from sim.hardware import GPU_CATALOG, get_gpu
-from sim.latency import BatchShape, RooflineModel, plan_memory, prefill_chunk_pairs
+from sim.latency import BatchShape, RooflineModel, kv_dtype_for, plan_memory, prefill_chunk_pairs
 from sim.models import MODEL_CATALOG, get_model
 from sim.run import build
 from sim.scenario import (
@@ -162,7 +162,7 @@ def inspect(
     try:
         arch = get_model(model)
         device = get_gpu(gpu)
-        kv = kv_dtype or ("fp16" if dtype == "fp16" else "bf16")
+        kv = kv_dtype_for(dtype, kv_dtype or "auto")
         plan = plan_memory(
             arch,
             device,

@@ -107,6 +107,8 @@ class KVCacheManager:
         self._request_num_cached: dict[int, int] = {}
         self.queries_tokens = 0
         self.hits_tokens = 0
+        self.preempted_queries_tokens = 0
+        self.preempted_hits_tokens = 0
 
     # -- queries ---------------------------------------------------------------------------
     @property
@@ -146,9 +148,18 @@ class KVCacheManager:
             hit.append(block_id)
         return hit, len(hit) * self.block_size
 
-    def record_lookup(self, num_tokens: int, num_hit_tokens: int) -> None:
-        """Count an admitted request's lookup in the prefix-cache query/hit counters."""
-        if self.enable_prefix_caching:
+    def record_lookup(self, num_tokens: int, num_hit_tokens: int, *, preempted: bool) -> None:
+        """Count an admitted request's lookup in the prefix-cache counters.
+
+        As in vLLM, re-admissions of preempted requests are counted apart, so the hit rate says
+        how much traffic reused earlier requests' KV, not how much recompute the cache saved.
+        """
+        if not self.enable_prefix_caching:
+            return
+        if preempted:
+            self.preempted_queries_tokens += num_tokens
+            self.preempted_hits_tokens += num_hit_tokens
+        else:
             self.queries_tokens += num_tokens
             self.hits_tokens += num_hit_tokens
 
@@ -197,11 +208,6 @@ class KVCacheManager:
             assert self._ref_count[block_id] >= 0
             if self._ref_count[block_id] == 0:
                 self.free_queue.append(block_id)
-
-    def reset_stats(self) -> None:
-        """Zero the query/hit counters (e.g. after a warm-up)."""
-        self.queries_tokens = 0
-        self.hits_tokens = 0
 
     # -- internals -------------------------------------------------------------------------
     def _pop_free_block(self) -> int:

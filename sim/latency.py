@@ -236,6 +236,13 @@ class RooflineModel:
         )
 
 
+def kv_dtype_for(dtype: str, kv_cache_dtype: str = "auto") -> str:
+    """The KV cache's element type; ``auto`` is 16-bit, even for 8- and 4-bit weights (as vLLM)."""
+    if kv_cache_dtype != "auto":
+        return kv_cache_dtype
+    return "fp16" if dtype == "fp16" else "bf16"
+
+
 @dataclass(frozen=True, slots=True)
 class MemoryPlan:
     """How a replica's GPU memory is split, and the KV capacity that results."""

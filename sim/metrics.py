@@ -19,6 +19,8 @@ from sim.request import RECORD_COLUMNS, Record, RequestStatus
 
 PERCENTILES = (50, 90, 95, 99)
 
+#: Time-series columns. Gauges (waiting, running, KV use) are read at ``time_s``; rates, the
+#: prefix-cache hit rate and the busy fraction cover the interval that ends at ``time_s``.
 TIMESERIES_COLUMNS = (
     "time_s",
     "num_requests_waiting",
@@ -27,8 +29,27 @@ TIMESERIES_COLUMNS = (
     "prefix_cache_hit_rate",
     "prompt_tokens_per_s",
     "output_tokens_per_s",
+    "busy_fraction",
     "num_finished",
+    "num_ok",
 )
+
+
+@dataclass(frozen=True, slots=True)
+class PrefixCacheCounts:
+    """vLLM's prefix-cache counters in tokens. Like vLLM's Prometheus counters, ``queries`` and
+    ``hits`` cover first lookups only; lookups of preempted requests are counted apart.
+    """
+
+    queries_tokens: int
+    hits_tokens: int
+    preempted_queries_tokens: int = 0
+    preempted_hits_tokens: int = 0
+
+    @property
+    def hit_rate(self) -> float:
+        """``hits / queries``; 0 when nothing was looked up."""
+        return self.hits_tokens / self.queries_tokens if self.queries_tokens else 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,16 +96,21 @@ def summarize(
     *,
     itl_s: np.ndarray,
     slo: SLO,
-    prefix_queries_tokens: int,
-    prefix_hits_tokens: int,
+    prefix_cache: PrefixCacheCounts,
     num_preemptions: int,
     kv_capacity_tokens: int,
+    busy_s: float,
     wall_s: float,
     simulated_s: float,
     num_events: int,
 ) -> dict[str, Any]:
-    """The summary dictionary (also ``summary.json`` and ``servesim run --json``)."""
-    ok = frame[frame["status"] == RequestStatus.OK.value]
+    """The summary dictionary (also ``summary.json`` and ``servesim run --json``).
+
+    The SLO is judged over *every* request: a rejected or failed request counts as one that
+    missed both targets, so a run that rejects half its traffic cannot meet a p90 SLO.
+    """
+    is_ok = (frame["status"] == RequestStatus.OK.value).to_numpy()
+    ok = frame[is_ok]
     if len(frame):
         start = float(frame["arrival_s"].min())
         end = float(np.nanmax(np.r_[frame["finish_s"].to_numpy(dtype=np.float64), start]))
@@ -95,16 +121,12 @@ def summarize(
     output_tokens = int(ok["output_tokens"].sum())
     prompt_tokens = int(ok["prompt_tokens"].sum())
     met = slo_met(frame, slo)
-    ttft_at = distribution(ok["ttft_s"].to_numpy())
-    pct = slo.percentile
-    ttft_values = ok["ttft_s"].to_numpy(dtype=np.float64)
-    tpot_values = ok["tpot_s"].to_numpy(dtype=np.float64)
-    ttft_pct = _percentile(ttft_values, pct)
-    tpot_pct = _percentile(tpot_values, pct)
+    ttft_pct = _percentile_all(frame["ttft_s"].to_numpy(dtype=np.float64), is_ok, slo.percentile)
+    tpot_pct = _percentile_all(frame["tpot_s"].to_numpy(dtype=np.float64), is_ok, slo.percentile)
     counts = frame["status"].value_counts()
     return {
-        "ttft_s": ttft_at,
-        "tpot_s": distribution(tpot_values),
+        "ttft_s": distribution(ok["ttft_s"].to_numpy()),
+        "tpot_s": distribution(ok["tpot_s"].to_numpy()),
         "itl_s": distribution(itl_s),
         "e2e_s": distribution(ok["e2e_s"].to_numpy()),
         "queue_s": distribution(ok["queue_s"].to_numpy()),
@@ -118,26 +140,25 @@ def summarize(
             "slo_attainment": float(met.mean()) if len(met) else None,
         },
         "slo": {
-            "percentile": pct,
+            "percentile": slo.percentile,
             "ttft_target_s": slo.ttft_s,
             "tpot_target_s": slo.tpot_s,
-            "ttft_at_percentile_s": ttft_pct,
-            "tpot_at_percentile_s": tpot_pct,
+            "ttft_at_percentile_s": _finite_or_none(ttft_pct),
+            "tpot_at_percentile_s": _finite_or_none(tpot_pct),
             "met": bool(
-                ttft_pct is not None
-                and ttft_pct <= slo.ttft_s
-                and (tpot_pct is None or tpot_pct <= slo.tpot_s)
+                ttft_pct <= slo.ttft_s and (math.isnan(tpot_pct) or tpot_pct <= slo.tpot_s)
             ),
         },
         "prefix_cache": {
-            "hit_rate": prefix_hits_tokens / prefix_queries_tokens
-            if prefix_queries_tokens
-            else 0.0,
-            "queries_tokens": prefix_queries_tokens,
-            "hits_tokens": prefix_hits_tokens,
+            "hit_rate": prefix_cache.hit_rate,
+            "queries_tokens": prefix_cache.queries_tokens,
+            "hits_tokens": prefix_cache.hits_tokens,
+            "preempted_queries_tokens": prefix_cache.preempted_queries_tokens,
+            "preempted_hits_tokens": prefix_cache.preempted_hits_tokens,
         },
         "preemptions": num_preemptions,
         "kv_capacity_tokens": kv_capacity_tokens,
+        "busy_fraction": busy_s / simulated_s if simulated_s > 0 else 0.0,
         "requests": {
             "total": len(frame),
             **{status.value: int(counts.get(status.value, 0)) for status in RequestStatus},
@@ -146,6 +167,18 @@ def summarize(
     }
 
 
-def _percentile(values: np.ndarray, percentile: float) -> float | None:
-    finite = values[np.isfinite(values)]
-    return float(np.percentile(finite, percentile)) if finite.size else None
+def _percentile_all(values: np.ndarray, is_ok: np.ndarray, percentile: float) -> float:
+    """Percentile over all requests, a request that did not complete counting as +inf.
+
+    NaN values of completed requests (TPOT of one-token outputs) are left out; NaN when no
+    value is left.
+    """
+    values = np.where(is_ok, values, np.inf)
+    values = values[~np.isnan(values)]
+    if values.size == 0:
+        return math.nan
+    return float(np.percentile(values, percentile, method="higher"))
+
+
+def _finite_or_none(value: float) -> float | None:
+    return value if math.isfinite(value) else None

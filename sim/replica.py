@@ -92,7 +92,8 @@ class Replica:
                     yield self._wakeup | env.timeout(max(0.0, wake_at - env.now))
                 self._wakeup = None
                 continue
-            duration = step_time(plan.batch)
+            # A step that only preempted runs no model (vLLM skips execution): it takes no time.
+            duration = step_time(plan.batch) if plan.scheduled else 0.0
             self.num_steps += 1
             self.busy_s += duration
             yield env.timeout(duration)

@@ -10,6 +10,7 @@ ids from the same segments so the server's prefix cache hits where the simulator
 
 from __future__ import annotations
 
+import hashlib
 import math
 from dataclasses import dataclass, field
 from enum import IntEnum, StrEnum
@@ -35,6 +36,10 @@ class Request:
     ``segments`` describe the prompt (their lengths sum to ``prompt_tokens``);
     ``output_source_id`` names the stream the generated tokens come from, so that a later turn of
     a multi-turn session whose prompt contains this output shares its KV blocks.
+
+    A request with a ``parent_id`` (a later turn of a session) has no fixed arrival time
+    (``arrival_s`` is NaN): it arrives ``think_time_s`` after its parent finishes, as a user
+    replies to the answer they received (closed loop within a session).
     """
 
     request_id: int
@@ -46,11 +51,14 @@ class Request:
     session_id: int = -1
     prefix_group: int = -1
     priority: int = 0
+    parent_id: int = -1
+    think_time_s: float = 0.0
 
     def __post_init__(self) -> None:
         assert self.prompt_tokens >= 1, self
         assert self.output_tokens >= 1, self
         assert sum(n for _, n in self.segments) == self.prompt_tokens, self
+        assert (self.parent_id >= 0) == math.isnan(self.arrival_s), self
 
     @property
     def total_tokens(self) -> int:
@@ -201,8 +209,17 @@ class SourceNamespace(IntEnum):
     SYSTEM_PROMPT = 2  # a shared system prompt, one stream per prefix group
     TRACE_BLOCK = 3  # a block hash read from a trace (e.g. Mooncake hash_ids)
     TOKEN_IDS = 4  # a run of exact token ids read from a trace
+    SESSION = 5  # a multi-turn session's user turns and answers
+
+
+_MASK_64 = (1 << 64) - 1
 
 
 def source_id(namespace: SourceNamespace, *values: int) -> int:
-    """A deterministic stream id (Python hashes ints and tuples of ints the same in every run)."""
-    return hash((int(namespace), *values))
+    """A deterministic 64-bit stream id from a digest of the values.
+
+    A digest, not Python's ``hash``: ``hash(-1) == hash(-2)`` in CPython, which once gave two
+    sessions the same content.
+    """
+    packed = b"".join((v & _MASK_64).to_bytes(8, "little") for v in (int(namespace), *values))
+    return int.from_bytes(hashlib.blake2b(packed, digest_size=8).digest(), "little", signed=True)

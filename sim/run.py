@@ -20,6 +20,7 @@ import simpy
 
 from sim import arrivals as arr
 from sim import lengths as lens
+from sim.hardware import GPU
 from sim.kv_cache import KVCacheManager
 from sim.latency import (
     ConstantStepModel,
@@ -29,9 +30,10 @@ from sim.latency import (
     RooflineModel,
     plan_memory,
 )
-from sim.metrics import SLO, TIMESERIES_COLUMNS, records_frame, summarize
+from sim.metrics import SLO, TIMESERIES_COLUMNS, PrefixCacheCounts, records_frame, summarize
+from sim.models import ModelArch
 from sim.replica import Replica
-from sim.request import Record, Request
+from sim.request import Record, Request, RequestStatus
 from sim.scenario import (
     ArrivalSpec,
     ConstantLatencySpec,
@@ -49,7 +51,7 @@ from sim.scheduler import (
     SchedulerConfig,
     StaticBatchScheduler,
 )
-from sim.traces import read_trace
+from sim.traces import TraceFormatError, read_trace
 from sim.workload import (
     MultiTurn,
     PrefixStructure,
@@ -124,16 +126,26 @@ def make_prefix(workload: WorkloadSpec) -> PrefixStructure:
 def build_requests(workload: WorkloadSpec, seed_sequence: np.random.SeedSequence) -> list[Request]:
     """The scenario's requests, sorted by arrival. Same seed → same requests."""
     if workload.trace is not None:
-        trace = read_trace(workload.trace.path, workload.trace.format)
+        path = workload.trace.path
+        try:
+            trace = read_trace(path, workload.trace.format)
+        except OSError as exc:
+            raise ValueError(f"workload.trace.path: cannot read {path}: {exc.strerror}") from None
+        except TraceFormatError as exc:
+            raise ValueError(f"workload.trace: {exc}") from None
         times = None
         if trace.arrival_s is None:
             if workload.arrival is None:
                 raise ValueError(
-                    f"workload.arrival: trace {workload.trace.path} has no timestamps; "
-                    "give an arrival process"
+                    f"workload.arrival: trace {path} has no timestamps; give an arrival process"
                 )
             rng = np.random.default_rng(seed_sequence)
             times = make_arrivals(workload.arrival).times(rng, num_requests=len(trace))
+        elif workload.arrival is not None:
+            raise ValueError(
+                f"workload.arrival: trace {path} has its own timestamps; remove arrival "
+                "(use workload.trace.time_scale to replay it faster or slower)"
+            )
         requests = requests_from_trace(
             trace, time_scale=workload.trace.time_scale, arrival_times_s=times
         )
@@ -154,7 +166,9 @@ def build_requests(workload: WorkloadSpec, seed_sequence: np.random.SeedSequence
     )
 
 
-def make_latency_model(scenario: Scenario, rng: np.random.Generator) -> IterationTimeModel:
+def make_latency_model(
+    scenario: Scenario, model: ModelArch, gpu: GPU, rng: np.random.Generator
+) -> IterationTimeModel:
     """The iteration-time model a scenario's ``latency`` section describes."""
     spec = scenario.latency
     if isinstance(spec, ConstantLatencySpec):
@@ -163,8 +177,8 @@ def make_latency_model(scenario: Scenario, rng: np.random.Generator) -> Iteratio
         return ExponentialStepModel(spec.mean_s, rng)
     assert isinstance(spec, RooflineLatencySpec)
     return RooflineModel(
-        scenario.resolve_model(),
-        scenario.resolve_gpu(),
+        model,
+        gpu,
         dtype=scenario.dtype,
         kv_dtype=scenario.kv_dtype,
         tensor_parallel_size=scenario.engine.tensor_parallel_size,
@@ -172,19 +186,22 @@ def make_latency_model(scenario: Scenario, rng: np.random.Generator) -> Iteratio
     )
 
 
-def memory_plan(scenario: Scenario) -> MemoryPlan:
+def memory_plan(scenario: Scenario, model: ModelArch, gpu: GPU) -> MemoryPlan:
     """How the scenario's replica splits GPU memory, and its KV blocks."""
     engine = scenario.engine
-    return plan_memory(
-        scenario.resolve_model(),
-        scenario.resolve_gpu(),
-        dtype=scenario.dtype,
-        kv_dtype=scenario.kv_dtype,
-        tensor_parallel_size=engine.tensor_parallel_size,
-        gpu_memory_utilization=engine.gpu_memory_utilization,
-        max_num_batched_tokens=engine.max_num_batched_tokens,
-        block_size=engine.block_size,
-    )
+    try:
+        return plan_memory(
+            model,
+            gpu,
+            dtype=scenario.dtype,
+            kv_dtype=scenario.kv_dtype,
+            tensor_parallel_size=engine.tensor_parallel_size,
+            gpu_memory_utilization=engine.gpu_memory_utilization,
+            max_num_batched_tokens=engine.max_num_batched_tokens,
+            block_size=engine.block_size,
+        )
+    except ValueError as exc:
+        raise ValueError(f"gpu: {exc}") from None
 
 
 def make_scheduler(scenario: Scenario, kv: KVCacheManager) -> Scheduler:
@@ -238,8 +255,46 @@ class SimResult:
         return written
 
 
+class _Sampler:
+    """Samples the engine into time-series rows; rates and hit rate are per interval."""
+
+    def __init__(self, replica: Replica, scheduler: Scheduler) -> None:
+        self.replica = replica
+        self.scheduler = scheduler
+        self.rows: list[tuple[float, ...]] = []
+        self._last = (0.0, 0, 0, 0.0, 0, 0)  # time, prompt, output, busy, queries, hits
+
+    def sample(self, now: float, num_finished: int, num_ok: int) -> None:
+        replica, kv = self.replica, self.replica.kv
+        last_t, last_prompt, last_output, last_busy, last_queries, last_hits = self._last
+        busy = replica.busy_s
+        prompt, output = replica.prompt_tokens_computed, replica.output_tokens_generated
+        queries, hits = kv.queries_tokens, kv.hits_tokens
+        dt = now - last_t
+        per_s = (lambda x: x / dt) if dt > 0 else (lambda x: 0.0)
+        self.rows.append(
+            (
+                now,
+                self.scheduler.num_waiting,
+                self.scheduler.num_running,
+                kv.usage,
+                (hits - last_hits) / (queries - last_queries) if queries > last_queries else 0.0,
+                per_s(prompt - last_prompt),
+                per_s(output - last_output),
+                min(1.0, per_s(busy - last_busy)),
+                num_finished,
+                num_ok,
+            )
+        )
+        self._last = (now, prompt, output, busy, queries, hits)
+
+
 class Simulation:
-    """One replica under a workload, ready to run once."""
+    """One replica under a workload, ready to run once.
+
+    Requests without a parent arrive at their ``arrival_s``; a later turn of a session is
+    released ``think_time_s`` after its parent finishes (whatever the parent's status).
+    """
 
     def __init__(
         self,
@@ -252,7 +307,7 @@ class Simulation:
         sample_interval_s: float = 1.0,
         kv_capacity_tokens: int,
     ) -> None:
-        self.requests = sorted(requests, key=lambda r: r.arrival_s)
+        self.requests = sorted(requests, key=lambda r: r.request_id)
         self.scheduler = scheduler
         self.latency_model = latency_model
         self.max_model_len = max_model_len
@@ -260,10 +315,13 @@ class Simulation:
         self.sample_interval_s = sample_interval_s
         self.kv_capacity_tokens = kv_capacity_tokens
         self.records: list[Record] = []
-        self._samples: list[tuple[float, ...]] = []
+        self._ran = False
 
     def run(self, progress: Callable[[int, int], None] | None = None) -> SimResult:
-        """Simulate until every request has a status."""
+        """Simulate until every request has a status. A Simulation runs once."""
+        if self._ran:
+            raise RuntimeError("a Simulation runs once; build() a new one to run again")
+        self._ran = True
         started = time.perf_counter()
         env = simpy.Environment()
         records = [
@@ -271,14 +329,29 @@ class Simulation:
             for r in self.requests
         ]
         self.records = records
+        record_of = {r.request_id: record for r, record in zip(self.requests, records, strict=True)}
+        children: dict[int, list[Request]] = {}
+        for request in self.requests:
+            if request.parent_id >= 0:
+                children.setdefault(request.parent_id, []).append(request)
+        roots = sorted((r for r in self.requests if r.parent_id < 0), key=lambda r: r.arrival_s)
         total = len(records)
         all_done = env.event()
-        finished = 0
+        finished = num_ok = 0
         progress_every = max(1, total // 200)
 
+        def release(request: Request) -> Generator[simpy.Event, Any, None]:
+            yield env.timeout(request.think_time_s)
+            record = record_of[request.request_id]
+            record.arrival_s = env.now
+            replica.submit(request, record)
+
         def on_finish(record: Record) -> None:
-            nonlocal finished
+            nonlocal finished, num_ok
             finished += 1
+            num_ok += record.status == RequestStatus.OK
+            for child in children.get(record.request_id, ()):
+                env.process(release(child))
             if progress is not None and finished % progress_every == 0:
                 progress(finished, total)
             if finished == total:
@@ -292,39 +365,27 @@ class Simulation:
             max_model_len=self.max_model_len,
             on_finish=on_finish,
         )
+        sampler = _Sampler(replica, self.scheduler)
 
         def arrivals() -> Generator[simpy.Event, Any, None]:
-            for request, record in zip(self.requests, records, strict=True):
+            for request in roots:
                 delay = request.arrival_s - env.now
                 if delay > 0:
                     yield env.timeout(delay)
-                replica.submit(request, record)
+                replica.submit(request, record_of[request.request_id])
 
-        def sampler() -> Generator[simpy.Event, Any, None]:
-            last_prompt = last_output = 0
-            kv = replica.kv
+        def sampling() -> Generator[simpy.Event, Any, None]:
             while True:
                 yield env.timeout(self.sample_interval_s)
-                prompt, output = replica.prompt_tokens_computed, replica.output_tokens_generated
-                queries = kv.queries_tokens
-                self._samples.append(
-                    (
-                        env.now,
-                        self.scheduler.num_waiting,
-                        self.scheduler.num_running,
-                        kv.usage,
-                        kv.hits_tokens / queries if queries else 0.0,
-                        (prompt - last_prompt) / self.sample_interval_s,
-                        (output - last_output) / self.sample_interval_s,
-                        finished,
-                    )
-                )
-                last_prompt, last_output = prompt, output
+                sampler.sample(env.now, finished, num_ok)
 
         if total:
+            sampler.sample(0.0, 0, 0)
             env.process(arrivals())
-            env.process(sampler())
+            env.process(sampling())
             env.run(until=all_done)
+            if sampler.rows[-1][0] < env.now:
+                sampler.sample(env.now, finished, num_ok)  # the final partial interval
         wall_s = time.perf_counter() - started
         if progress is not None:
             progress(finished, total)
@@ -334,15 +395,20 @@ class Simulation:
             frame,
             itl_s=np.frombuffer(self.scheduler.itl_samples, dtype=np.float64),
             slo=self.slo,
-            prefix_queries_tokens=kv.queries_tokens,
-            prefix_hits_tokens=kv.hits_tokens,
+            prefix_cache=PrefixCacheCounts(
+                queries_tokens=kv.queries_tokens,
+                hits_tokens=kv.hits_tokens,
+                preempted_queries_tokens=kv.preempted_queries_tokens,
+                preempted_hits_tokens=kv.preempted_hits_tokens,
+            ),
             num_preemptions=self.scheduler.num_preemptions,
             kv_capacity_tokens=self.kv_capacity_tokens,
+            busy_s=replica.busy_s,
             wall_s=wall_s,
             simulated_s=float(env.now),
-            num_events=replica.num_steps + total + len(self._samples),
+            num_events=replica.num_steps + total + len(sampler.rows),
         )
-        timeseries = pd.DataFrame(self._samples, columns=list(TIMESERIES_COLUMNS))
+        timeseries = pd.DataFrame(sampler.rows, columns=list(TIMESERIES_COLUMNS))
         token_times = None
         if any(r.token_times_s for r in records):
             token_times = pd.DataFrame(
@@ -353,19 +419,32 @@ class Simulation:
 
 
 def build(scenario: Scenario) -> Simulation:
-    """Everything a scenario describes, wired together. Raises ValueError on impossible setups."""
+    """Everything a scenario describes, wired together. Raises ValueError on impossible setups,
+    naming the scenario field to change.
+    """
     workload_seed, latency_seed = np.random.SeedSequence(scenario.seed).spawn(2)
     model = scenario.resolve_model()
-    plan = memory_plan(scenario)
+    gpu = scenario.resolve_gpu()
+    plan = memory_plan(scenario, model, gpu)
     engine = scenario.engine
-    kv = KVCacheManager(plan.num_blocks, engine.block_size, engine.enable_prefix_caching)
+    max_model_len = engine.max_model_len or model.max_position_embeddings
+    if max_model_len > plan.kv_capacity_tokens:
+        raise ValueError(
+            f"engine.max_model_len: {max_model_len} tokens exceed the KV cache's "
+            f"{plan.kv_capacity_tokens} tokens on {gpu.name}, so vLLM would refuse to start; "
+            "lower max_model_len, raise gpu_memory_utilization or tensor_parallel_size, or use "
+            "kv_cache_dtype: fp8"
+        )
+    # Only continuous batching reuses cached prefixes; the others would just pay for the keys.
+    caching = engine.enable_prefix_caching and engine.batching == "continuous"
+    kv = KVCacheManager(plan.num_blocks, engine.block_size, caching)
     requests = build_requests(scenario.workload, workload_seed)
     slo = SLO(scenario.slo.ttft_s, scenario.slo.tpot_s, scenario.slo.percentile)
     return Simulation(
         requests,
         make_scheduler(scenario, kv),
-        make_latency_model(scenario, np.random.default_rng(latency_seed)),
-        max_model_len=engine.max_model_len or model.max_position_embeddings,
+        make_latency_model(scenario, model, gpu, np.random.default_rng(latency_seed)),
+        max_model_len=max_model_len,
         slo=slo,
         sample_interval_s=scenario.output.sample_interval_s,
         kv_capacity_tokens=plan.kv_capacity_tokens,

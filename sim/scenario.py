@@ -19,7 +19,7 @@ from pydantic_core import ErrorDetails
 
 from sim.arrivals import PiecewiseRate
 from sim.hardware import GPU, get_gpu
-from sim.latency import RooflineParams
+from sim.latency import RooflineParams, kv_dtype_for
 from sim.lengths import LogNormalLength
 from sim.models import ModelArch, get_model, load_hf_config
 
@@ -43,7 +43,7 @@ class ScenarioError(ValueError):
 class Spec(BaseModel):
     """Base for scenario sections: unknown keys are errors, values are immutable."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 PositiveFloat = Annotated[float, Field(gt=0)]
@@ -65,7 +65,7 @@ class GammaArrivalSpec(Spec):
 
     type: Literal["gamma"]
     rate: PositiveFloat
-    cv: PositiveFloat
+    cv: Annotated[float, Field(ge=0.01, le=100)]
 
 
 class ConstantArrivalSpec(Spec):
@@ -238,7 +238,19 @@ class WorkloadSpec(Spec):
 
     @model_validator(mode="after")
     def _complete(self) -> WorkloadSpec:
-        if self.trace is None:
+        if self.trace is not None:
+            ignored = [
+                name
+                for name in ("prompt_tokens", "output_tokens")
+                if getattr(self, name) is not None
+            ]
+            if not isinstance(self.prefix, NoPrefixSpec):
+                ignored.append("prefix")
+            if ignored:
+                raise ValueError(
+                    f"a trace brings its own lengths and prefixes; remove {', '.join(ignored)}"
+                )
+        else:
             missing = [
                 name
                 for name in ("arrival", "prompt_tokens", "output_tokens")
@@ -361,7 +373,7 @@ class SLOSpec(Spec):
 class OutputSpec(Spec):
     """What the run records besides per-request records."""
 
-    sample_interval_s: PositiveFloat = 1.0
+    sample_interval_s: Annotated[float, Field(ge=0.001)] = 1.0
     record_token_times: bool = False
 
 
@@ -398,9 +410,7 @@ class Scenario(Spec):
     @property
     def kv_dtype(self) -> str:
         """The KV cache's element type (``auto``: 16-bit for 16-bit and quantized weights)."""
-        if self.kv_cache_dtype != "auto":
-            return self.kv_cache_dtype
-        return "fp16" if self.dtype == "fp16" else "bf16"
+        return kv_dtype_for(self.dtype, self.kv_cache_dtype)
 
 
 # -- error reporting ------------------------------------------------------------------------
@@ -573,6 +583,20 @@ def check_consistency(scenario: Scenario) -> list[str]:
             f"engine.tensor_parallel_size: {tp} does not divide the model's "
             f"{model.num_attention_heads} attention heads; use a divisor"
         )
+    if engine.max_model_len and engine.max_model_len > model.max_position_embeddings:
+        problems.append(
+            f"engine.max_model_len: {engine.max_model_len} exceeds the model's "
+            f"max_position_embeddings ({model.max_position_embeddings}); vLLM refuses it"
+        )
+    kv_heads = model.num_key_value_heads
+    if tp % kv_heads and kv_heads % tp:
+        problems.append(
+            f"engine.tensor_parallel_size: {tp} and the model's {kv_heads} KV heads must divide "
+            "one another"
+        )
+    trace = scenario.workload.trace
+    if trace is not None and not Path(trace.path).is_file():
+        problems.append(f"workload.trace.path: file not found: {trace.path}")
     max_model_len = engine.max_model_len or model.max_position_embeddings
     if not engine.enable_chunked_prefill and engine.max_num_batched_tokens < max_model_len:
         problems.append(

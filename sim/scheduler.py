@@ -138,12 +138,17 @@ class _WaitingQueue:
             self._push_heap(seq)
 
     def _push_heap(self, seq: Sequence) -> None:
-        request = seq.request
-        entry = (request.priority, request.arrival_s, next(self._tiebreak), seq)
+        entry = (seq.request.priority, seq.record.arrival_s, next(self._tiebreak), seq)
         heapq.heappush(self._heap, entry)
 
     def peek(self) -> Sequence:
         return self._deque[0] if self.policy == "fcfs" else self._heap[0][3]
+
+    def oldest_arrival_s(self) -> float:
+        """Arrival time of the request that has waited longest (not always the next one out)."""
+        if self.policy == "fcfs":
+            return self._deque[0].record.arrival_s
+        return min(entry[1] for entry in self._heap)
 
     def pop(self) -> Sequence:
         return self._deque.popleft() if self.policy == "fcfs" else heapq.heappop(self._heap)[3]
@@ -246,7 +251,7 @@ class ContinuousBatchScheduler(_TokenEmitter):
     def _pick_victim(self) -> Sequence:
         if self.config.policy == "fcfs":
             return self.running.pop()
-        victim = max(self.running, key=lambda s: (s.request.priority, s.request.arrival_s))
+        victim = max(self.running, key=lambda s: (s.request.priority, s.record.arrival_s))
         self.running.remove(victim)
         return victim
 
@@ -265,9 +270,9 @@ class ContinuousBatchScheduler(_TokenEmitter):
             num_new = seq.num_tokens - seq.num_computed_tokens
             if config.enable_chunked_prefill:
                 num_new = min(num_new, budget)
-            elif num_new > budget:
-                index += 1
-                continue
+            else:
+                # Without chunking a prompt is admitted whole: running requests only decode.
+                assert num_new == 1, (seq.request_id, num_new)
             assert num_new > 0
             seq_preempted = False
             while not kv.allocate_slots(seq.request_id, seq.keys, seq.num_computed_tokens, num_new):
@@ -306,7 +311,7 @@ class ContinuousBatchScheduler(_TokenEmitter):
                     seq.request_id, seq.keys, num_hit, num_new, computed_blocks
                 ):
                     break
-                kv.record_lookup(seq.num_tokens, num_hit)
+                kv.record_lookup(seq.num_tokens, num_hit, preempted=seq.record.num_preemptions > 0)
                 self.waiting.pop()
                 seq.num_computed_tokens = num_hit
                 record = seq.record
@@ -363,12 +368,12 @@ class StaticBatchScheduler(_TokenEmitter):
         """With a window, the moment the oldest waiting request's window closes."""
         if self.batch or not len(self.waiting) or self.batch_window_s <= 0:
             return None
-        return self.waiting.peek().request.arrival_s + self.batch_window_s
+        return self.waiting.oldest_arrival_s() + self.batch_window_s
 
     def _form_batch(self, now: float) -> None:
         config = self.config
         if self.batch_window_s > 0 and len(self.waiting) < config.max_num_seqs:
-            deadline = self.waiting.peek().request.arrival_s + self.batch_window_s
+            deadline = self.waiting.oldest_arrival_s() + self.batch_window_s
             if now < deadline:
                 return
         while len(self.waiting) and len(self.batch) < config.max_num_seqs:

@@ -7,9 +7,9 @@ KV blocks:
   (chosen uniformly), followed by the request's own user tokens.
 * :class:`MultiTurn` — sessions of several turns; each turn's prompt is the whole conversation so
   far (earlier prompts and outputs) plus new user tokens, so it extends the previous turn's KV.
-  Sessions start at the arrival process's times; each later turn arrives an exponential think
-  time after the previous one (open loop: it does not wait for the previous answer, so a live run
-  sends exactly the same requests at the same times).
+  Sessions start at the arrival process's times; each later turn is sent an exponential think
+  time after the previous answer *finished* (closed loop within a session, as a person or an
+  agent replies), so its prompt really does contain an answer the server has produced.
 * Traces carry their own structure (Mooncake block hashes, exact token ids).
 
 Requests too long for the engine are kept: the replica rejects them with a status, as vLLM does.
@@ -17,6 +17,7 @@ Requests too long for the engine are kept: the replica rejects them with a statu
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -131,43 +132,64 @@ def _multi_turn(
     num_requests: int | None,
     duration_s: float | None,
 ) -> list[Request]:
-    # Enough sessions to cover num_requests turns even if every session had one turn.
+    """Sessions as chains of requests; later turns wait for their parent (see module doc).
+
+    ``num_requests`` and ``duration_s`` cut the workload by each turn's *earliest possible*
+    arrival (session start plus think times, as if answers were instant), which keeps every
+    session a prefix of its turns.
+    """
     starts = arrivals.times(arrival_rng, num_requests=num_requests, duration_s=duration_s)
     turns = spec.turns.sample(session_rng, len(starts))
     system: tuple[Segment, ...] = ()
     if spec.system_prompt_tokens:
         system = ((source_id(SourceNamespace.SYSTEM_PROMPT, 0), spec.system_prompt_tokens),)
-    drafts: list[tuple[float, int, int, tuple[Segment, ...], int, int]] = []
+
+    @dataclass
+    class Draft:
+        earliest_s: float
+        session: int
+        turn: int
+        think_s: float
+        segments: tuple[Segment, ...]
+        output_tokens: int
+        output_source: int
+
+    drafts: list[Draft] = []
     for session, (start, num_turns) in enumerate(zip(starts, turns, strict=True)):
         history: list[Segment] = list(system)
-        arrival = float(start)
+        earliest = float(start)
         for turn in range(int(num_turns)):
-            if turn:
-                arrival += float(session_rng.exponential(spec.think_time_s))
-            if duration_s is not None and arrival >= duration_s:
+            think = float(session_rng.exponential(spec.think_time_s)) if turn else 0.0
+            earliest += think
+            if duration_s is not None and earliest >= duration_s:
                 break
             user = int(prompt_tokens.sample(prompt_rng, 1)[0])
             output = int(output_tokens.sample(output_rng, 1)[0])
-            user_source = source_id(SourceNamespace.UNIQUE, -session - 1, turn, 0)
-            output_source = source_id(SourceNamespace.UNIQUE, -session - 1, turn, 1)
-            history.append((user_source, user))
-            drafts.append((arrival, session, turn, tuple(history), output, output_source))
+            output_source = source_id(SourceNamespace.SESSION, session, turn, 1)
+            history.append((source_id(SourceNamespace.SESSION, session, turn, 0), user))
+            drafts.append(
+                Draft(earliest, session, turn, think, tuple(history), output, output_source)
+            )
             history.append((output_source, output))
-    drafts.sort(key=lambda d: (d[0], d[1], d[2]))
+    drafts.sort(key=lambda d: (d.earliest_s, d.session, d.turn))
     if num_requests is not None:
         drafts = drafts[:num_requests]
+    id_of = {(d.session, d.turn): i for i, d in enumerate(drafts)}
     requests = []
-    for i, (arrival, session, _turn, segments, output, output_source) in enumerate(drafts):
+    for i, d in enumerate(drafts):
+        parent = id_of[(d.session, d.turn - 1)] if d.turn else -1
         requests.append(
             Request(
                 request_id=i,
-                arrival_s=arrival,
-                prompt_tokens=sum(n for _, n in segments),
-                output_tokens=output,
-                segments=segments,
-                output_source_id=output_source,
-                session_id=session,
+                arrival_s=math.nan if d.turn else d.earliest_s,
+                prompt_tokens=sum(n for _, n in d.segments),
+                output_tokens=d.output_tokens,
+                segments=d.segments,
+                output_source_id=d.output_source,
+                session_id=d.session,
                 prefix_group=0 if system else -1,
+                parent_id=parent,
+                think_time_s=d.think_s,
             )
         )
     return requests
@@ -183,10 +205,7 @@ def requests_from_trace(
     length-only trace), its lengths, and its prefix structure where it has one.
     """
     if arrival_times_s is None:
-        if trace.arrival_s is None:
-            raise ValueError(
-                f"trace {trace.path} has no timestamps; give workload.arrival to draw arrivals"
-            )
+        assert trace.arrival_s is not None, "a length-only trace needs arrival_times_s"
         arrival_times_s = trace.arrival_s * time_scale
     n = min(len(trace), len(arrival_times_s))
     requests = []

@@ -162,13 +162,14 @@ def scenarios(draw: st.DrawFn) -> tuple[dict[str, Any], int]:
     """A small scenario dict (≤ 60 requests) on a GPU with a tiny KV cache, and its blocks."""
     max_num_seqs = draw(st.integers(1, 16))
     chunked = draw(st.sampled_from([True, True, True, False]))  # mostly on
-    max_model_len = draw(st.integers(64, 1024))
+    num_blocks = draw(st.integers(4, 64))
+    # vLLM refuses to start when max_model_len exceeds the KV cache.
+    max_model_len = min(draw(st.integers(64, 1024)), num_blocks * BLOCK_SIZE)
     if chunked:
         max_num_batched_tokens = draw(st.integers(max(16, max_num_seqs), 512))
     else:
         # Chunked prefill off needs a budget that holds a whole max_model_len prompt.
         max_num_batched_tokens = max(max_model_len, max_num_seqs)
-    num_blocks = draw(st.integers(4, 64))
     batching = draw(st.sampled_from(["continuous", "continuous", "static", "dynamic"]))
     data = {
         "model": MODEL,
@@ -318,7 +319,7 @@ def tiny_cache_scenario(
         "max_num_seqs": 8,
         "max_num_batched_tokens": 256,
         "block_size": BLOCK_SIZE,
-        "max_model_len": 1024,
+        "max_model_len": min(1024, num_blocks * BLOCK_SIZE),
         "enable_prefix_caching": True,
         "batching": batching,
         **engine,
@@ -367,18 +368,23 @@ def test_a_roomy_kv_cache_never_preempts() -> None:
 
 
 def test_requests_that_can_never_run_are_rejected_with_a_reason() -> None:
-    data = tiny_cache_scenario(num_blocks=10, max_model_len=300)
-    data["workload"]["prompt_tokens"] = {"type": "uniform", "low": 50, "high": 250}
+    data = tiny_cache_scenario(num_blocks=20, max_model_len=300)
+    data["workload"]["prompt_tokens"] = {"type": "uniform", "low": 50, "high": 300}
     data["workload"]["output_tokens"] = {"type": "constant", "value": 60}
     sim, result = run(data)
     records = result.records
     too_long = records["prompt_tokens"] + records["output_tokens"] > 300
-    too_big = records["prompt_tokens"] + records["output_tokens"] > 10 * BLOCK_SIZE
-    assert too_long.any() and (too_big & ~too_long).any() and (~too_big).any()
+    assert too_long.any() and (~too_long).any()
+    assert (records.loc[too_long, "status"] == "rejected").all()
     assert records.loc[too_long, "error"].str.contains("max_model_len").all()
-    assert records.loc[too_big & ~too_long, "error"].str.contains("KV blocks").all()
-    assert (records.loc[~too_big, "status"] == "ok").all()
-    check_invariants(data, 10, sim, result)
+    assert (records.loc[~too_long, "status"] == "ok").all()
+    check_invariants(data, 20, sim, result)
+
+
+def test_max_model_len_beyond_the_kv_cache_is_refused_like_vllm() -> None:
+    data = tiny_cache_scenario(num_blocks=10, max_model_len=300)  # 160 tokens of KV
+    with pytest.raises(ValueError, match=r"engine\.max_model_len: 300 tokens exceed"):
+        build(parse_scenario(data))
 
 
 def test_shared_prefixes_hit_the_cache() -> None:

@@ -139,11 +139,15 @@ def test_lookups_are_counted_in_tokens_only_when_recorded() -> None:
     kv = KVCacheManager(10, BLOCK, enable_prefix_caching=True)
     kv.get_computed_blocks(keys_for(1, 64), 64)
     assert kv.queries_tokens == 0
-    kv.record_lookup(64, 32)
+    kv.record_lookup(64, 32, preempted=False)
     assert (kv.queries_tokens, kv.hits_tokens) == (64, 32)
+    # Re-admissions after preemption are counted apart, as in vLLM.
+    kv.record_lookup(80, 48, preempted=True)
+    assert (kv.queries_tokens, kv.hits_tokens) == (64, 32)
+    assert (kv.preempted_queries_tokens, kv.preempted_hits_tokens) == (80, 48)
     off = KVCacheManager(10, BLOCK, enable_prefix_caching=False)
     assert off.get_computed_blocks(keys_for(1, 64), 64) == ([], 0)
-    off.record_lookup(64, 0)
+    off.record_lookup(64, 0, preempted=False)
     assert off.queries_tokens == 0
 
 

@@ -159,3 +159,27 @@ def test_broken_yaml_and_missing_files_are_clean_errors(tmp_path: Path) -> None:
     path.write_text("- just\n- a list\n")
     with pytest.raises(ScenarioError, match="expected a mapping"):
         load_scenario(path)
+
+
+def test_infinite_values_are_refused() -> None:
+    data = scenario_dict(latency={"type": "constant", "step_s": float("inf")})
+    assert problems(data) == ["latency.step_s: input should be a finite number, got inf"]
+
+
+def test_a_trace_refuses_synthetic_lengths_and_missing_files(shared_data: Path) -> None:
+    data = scenario_dict()
+    data["workload"] = {
+        "trace": {"path": str(shared_data / "azure_llm_2023/AzureLLMInferenceTrace_code.csv")},
+        "prompt_tokens": {"type": "constant", "value": 5},
+        "num_requests": 10,
+    }
+    assert problems(data) == [
+        "workload: a trace brings its own lengths and prefixes; remove prompt_tokens"
+    ]
+    data["workload"] = {"trace": {"path": "no/such/trace.csv"}, "num_requests": 10}
+    assert problems(data) == ["workload.trace.path: file not found: no/such/trace.csv"]
+
+
+def test_max_model_len_beyond_the_models_positions_is_refused() -> None:
+    found = problems(scenario_dict(model="mistral-7b", engine={"max_model_len": 10**6}))
+    assert len(found) == 1 and found[0].startswith("engine.max_model_len: 1000000 exceeds")
