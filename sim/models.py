@@ -261,6 +261,20 @@ MODEL_CATALOG: dict[str, ModelArch] = {
         max_position_embeddings=131072,
         attention_bias=True,
     ),
+    # The random-weight model `servesim live tiny-model` writes for CPU-only live runs
+    # (live/tiny_model.py, TinyModelSpec defaults; tests/test_tiny_model.py keeps them equal).
+    "servesim-tiny-llama": ModelArch(
+        name="servesim-tiny-llama",
+        num_layers=4,
+        hidden_size=256,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=64,
+        intermediate_size=512,
+        vocab_size=1024,
+        tie_word_embeddings=False,
+        max_position_embeddings=4096,
+    ),
 }
 """The built-in models, keyed by the names :func:`get_model` resolves to."""
 

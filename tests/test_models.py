@@ -67,6 +67,7 @@ def test_catalogue_keys() -> None:
         "qwen2.5-7b",
         "qwen2.5-32b",
         "qwen2.5-72b",
+        "servesim-tiny-llama",
     ]
     assert all(arch.name == key for key, arch in MODEL_CATALOG.items())
 
