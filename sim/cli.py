@@ -258,6 +258,16 @@ def catalog() -> None:
     stdout.print(models)
 
 
+def _add_live_commands() -> None:
+    # The live executor's commands; their heavy dependencies load only when one runs.
+    from live.cli import app as live_app
+
+    app.add_typer(live_app, name="live")
+
+
+_add_live_commands()
+
+
 def main() -> None:
     """Entry point for ``python -m sim``."""
     app()

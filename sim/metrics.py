@@ -99,7 +99,7 @@ def summarize(
     prefix_cache: PrefixCacheCounts,
     num_preemptions: int,
     kv_capacity_tokens: int,
-    busy_s: float,
+    busy_s: float | None,
     wall_s: float,
     simulated_s: float,
     num_events: int,
@@ -158,7 +158,7 @@ def summarize(
         },
         "preemptions": num_preemptions,
         "kv_capacity_tokens": kv_capacity_tokens,
-        "busy_fraction": busy_s / simulated_s if simulated_s > 0 else 0.0,
+        "busy_fraction": busy_s / simulated_s if busy_s is not None and simulated_s > 0 else None,
         "requests": {
             "total": len(frame),
             **{status.value: int(counts.get(status.value, 0)) for status in RequestStatus},

@@ -418,11 +418,22 @@ class Simulation:
         return SimResult(frame, timeseries, summary, token_times)
 
 
+def _seeds(scenario: Scenario) -> tuple[np.random.SeedSequence, np.random.SeedSequence]:
+    """The workload's and the latency model's seeds; one SeedSequence per scenario."""
+    workload_seed, latency_seed = np.random.SeedSequence(scenario.seed).spawn(2)
+    return workload_seed, latency_seed
+
+
+def scenario_requests(scenario: Scenario) -> list[Request]:
+    """The scenario's requests, exactly as its simulation sees them (live replay sends these)."""
+    return build_requests(scenario.workload, _seeds(scenario)[0])
+
+
 def build(scenario: Scenario) -> Simulation:
     """Everything a scenario describes, wired together. Raises ValueError on impossible setups,
     naming the scenario field to change.
     """
-    workload_seed, latency_seed = np.random.SeedSequence(scenario.seed).spawn(2)
+    workload_seed, latency_seed = _seeds(scenario)
     model = scenario.resolve_model()
     gpu = scenario.resolve_gpu()
     plan = memory_plan(scenario, model, gpu)

@@ -1,0 +1,179 @@
+"""``servesim live …``: replay a scenario against a real server, make a tiny model, import
+results of other benchmark tools. Heavy imports (httpx, torch, vLLM) happen inside commands.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+from sim.scenario import Scenario, ScenarioError, default_scenario, load_scenario
+
+app = typer.Typer(
+    help="Run workloads against a real vLLM server and record them in servesim's schema.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+)
+stderr = Console(stderr=True)
+
+#: The catalogue name of the model `servesim live tiny-model` writes.
+TINY_MODEL = "servesim-tiny-llama"
+
+
+def _fail(message: str) -> None:
+    stderr.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True, markup=True)
+    raise typer.Exit(code=2)
+
+
+def _load(path: Path | None) -> Scenario:
+    try:
+        return default_scenario() if path is None else load_scenario(path)
+    except ScenarioError as exc:
+        stderr.print(str(exc), highlight=False, soft_wrap=True, markup=False)
+        raise typer.Exit(code=2) from None
+
+
+def _vocab_size(model: str | None, vocab_size: int | None) -> int:
+    if vocab_size is not None:
+        return vocab_size
+    if model is not None:
+        config = Path(model) / "config.json"
+        if config.is_file():
+            try:
+                return int(json.loads(config.read_text())["vocab_size"])
+            except (KeyError, ValueError, TypeError) as exc:
+                _fail(f"--model: cannot read vocab_size from {config}: {exc}")
+    _fail(
+        "--vocab-size: give the model's vocabulary size (or --model pointing at a local model "
+        "directory) so prompts are made of valid token ids"
+    )
+    raise AssertionError  # unreachable: _fail exits
+
+
+@app.command("tiny-model")
+def tiny_model(
+    directory: Annotated[Path, typer.Argument(help="where to write the model")],
+    seed: Annotated[int, typer.Option(help="weights and tokenizer seed")] = 0,
+) -> None:
+    """Write a tiny Llama-architecture model with random weights and a local tokenizer."""
+    from live.tiny_model import TinyModelSpec, write_tiny_model
+
+    path = write_tiny_model(directory, TinyModelSpec(seed=seed))
+    typer.echo(str(path))
+
+
+@app.command("run")
+def run_command(
+    scenario_path: Annotated[
+        Path | None, typer.Argument(metavar="[SCENARIO]", help="scenario YAML (default: embedded)")
+    ] = None,
+    out: Annotated[Path, typer.Option("--out", help="output directory")] = Path("live-run"),
+    url: Annotated[
+        str | None, typer.Option("--url", help="an existing OpenAI-compatible server")
+    ] = None,
+    launch: Annotated[
+        bool, typer.Option("--launch", help="start `vllm serve` with the scenario's engine knobs")
+    ] = False,
+    model: Annotated[
+        str | None,
+        typer.Option(help=f"model to launch (path or name); default for {TINY_MODEL}: generated"),
+    ] = None,
+    vocab_size: Annotated[int | None, typer.Option(help="the model's vocabulary size")] = None,
+    endpoint: Annotated[str, typer.Option(help="completions | chat")] = "completions",
+    max_concurrency: Annotated[int | None, typer.Option(help="cap on in-flight requests")] = None,
+    warmup: Annotated[int, typer.Option(help="warm-up requests before the measured part")] = 2,
+    timeout_s: Annotated[float, typer.Option(help="per-request deadline in seconds")] = 600.0,
+    fmt: Annotated[str, typer.Option("--format", help="parquet | csv")] = "parquet",
+) -> None:
+    """Replay the scenario's workload against a real server and write records and a summary."""
+    from live.replay import ReplayOptions, Target
+    from live.run import run_live
+    from live.server import ServerStartError, VLLMServer, attach
+    from live.tokens import PromptTokens
+
+    if (url is None) == (not launch):
+        _fail("give exactly one of --url URL or --launch")
+    if endpoint not in ("completions", "chat"):
+        _fail(f"--endpoint: must be completions or chat, got {endpoint!r}")
+    if fmt not in ("parquet", "csv"):
+        _fail(f"--format: must be parquet or csv, got {fmt!r}")
+    scenario = _load(scenario_path)
+    options = ReplayOptions(
+        max_concurrency=max_concurrency, warmup_requests=warmup, timeout_s=timeout_s
+    )
+    out.mkdir(parents=True, exist_ok=True)
+    server: VLLMServer | None = None
+    try:
+        if launch:
+            if model is None and scenario.model != TINY_MODEL:
+                _fail(
+                    f"--model: give the model to launch for {scenario.model} (a local path or a "
+                    f"Hugging Face id); without it only model: {TINY_MODEL} launches on its own"
+                )
+            if model is None:
+                from live.tiny_model import ensure_tiny_model
+
+                model = str(ensure_tiny_model())
+            tokens = PromptTokens(_vocab_size(model, vocab_size))
+            server = VLLMServer(model, scenario.engine, log_path=out / "server.log")
+            stderr.print(f"starting vLLM ({model}); log: {out / 'server.log'}", highlight=False)
+            server.start()
+            target = Target(server.url, server.model_name, endpoint)  # type: ignore[arg-type]
+        else:
+            assert url is not None
+            tokens = PromptTokens(_vocab_size(model, vocab_size))
+            target = Target(url, attach(url), endpoint)  # type: ignore[arg-type]
+        stderr.print(f"replaying {scenario.name} against {target.base_url}", highlight=False)
+        result = run_live(scenario, target, tokens, out_dir=out, options=options)
+    except (ServerStartError, ValueError) as exc:
+        _fail(str(exc))
+    except KeyboardInterrupt:
+        stderr.print(f"interrupted; every record so far is in {out / 'records.jsonl'}")
+        raise typer.Exit(code=130) from None
+    finally:
+        if server is not None:
+            server.stop()
+    for path in result.write(out, fmt):
+        stderr.print(f"wrote {path}", highlight=False)
+    summary = result.summary
+    ttft = summary["ttft_s"]
+    statuses = ", ".join(f"{k} {v}" for k, v in summary["requests"].items() if k != "total" and v)
+    typer.echo(
+        f"{summary['requests']['total']} requests ({statuses}); TTFT p50 "
+        f"{_ms(ttft['p50'])} p90 {_ms(ttft['p90'])} ms; TPOT p50 {_ms(summary['tpot_s']['p50'])} "
+        f"ms; prefix-cache hit rate {summary['prefix_cache']['hit_rate']:.1%}"
+    )
+    if summary["live"]["interrupted"]:
+        stderr.print(f"[bold red]run interrupted:[/] {summary['live']['reason']}")
+        raise typer.Exit(code=1)
+
+
+def _ms(value: float | None) -> str:
+    return "—" if value is None or math.isnan(value) else f"{value * 1e3:.1f}"
+
+
+@app.command("import")
+def import_command(
+    path: Annotated[Path, typer.Argument(help="vllm bench serve or GuideLLM result JSON")],
+    out: Annotated[Path, typer.Option("--out", help="output directory")] = Path("imported"),
+    fmt: Annotated[str, typer.Option("--format", help="parquet | csv")] = "parquet",
+) -> None:
+    """Read another benchmark tool's results into records (for calibration and validation)."""
+    from live.importers import BenchmarkImportError, import_records
+
+    try:
+        imported = import_records(path)
+    except (BenchmarkImportError, OSError) as exc:
+        _fail(str(exc))
+    out.mkdir(parents=True, exist_ok=True)
+    target = out / f"records.{'csv' if fmt == 'csv' else 'parquet'}"
+    if fmt == "csv":
+        imported.records.to_csv(target, index=False)
+    else:
+        imported.records.to_parquet(target, index=False)
+    typer.echo(f"{len(imported.records)} records ({imported.format}) -> {target}")

@@ -1,0 +1,311 @@
+"""Open-loop replay of a workload against a real server, recorded in the simulator's schema.
+
+Each request without a parent is sent at its workload arrival time, whatever the server is doing
+(open loop); a later turn of a session is sent its think time after the previous answer arrived,
+carrying that answer's real token ids (see :mod:`live.tokens`), exactly as the simulator releases
+it. A concurrency cap applies only if asked for.
+
+Every request ends with a record, appended to ``records.jsonl`` as soon as it completes, so an
+interrupted run (Ctrl-C, a dead server) keeps everything that finished and writes the rest with a
+status: in-flight requests ``cancelled`` with what they had received, unsent ones ``cancelled``
+with the reason. The load generator measures its own lag (send time − scheduled time) and warns
+when it is large enough to distort the offered load.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import time
+import warnings
+from collections.abc import Callable, Coroutine, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any, Literal
+
+import httpx
+import numpy as np
+
+from live.client import StreamResult, stream_completion
+from live.tokens import PromptTokens
+from sim.request import Record, Request, RequestStatus
+
+
+class LoadGeneratorLagWarning(UserWarning):
+    """The client sent requests late: the offered load was not the workload's."""
+
+
+@dataclass(frozen=True)
+class Target:
+    """Where to send requests: an OpenAI-compatible base URL and the served model name."""
+
+    base_url: str
+    model: str
+    endpoint: Literal["completions", "chat"] = "completions"
+
+
+@dataclass(frozen=True)
+class ReplayOptions:
+    """Knobs of a replay (all optional)."""
+
+    max_concurrency: int | None = None
+    timeout_s: float = 600.0
+    read_timeout_s: float = 60.0
+    warmup_requests: int = 2
+    lag_warning_s: float = 0.005
+    abort_after_connection_errors: int = 5
+    record_token_times: bool = False
+
+
+@dataclass
+class ReplayResult:
+    """What a replay recorded; ``records`` are in request-id order and complete."""
+
+    records: list[Record]
+    lag_s: np.ndarray
+    itl_s: np.ndarray
+    started_at_unix_s: float
+    duration_s: float
+    interrupted: bool = False
+    reason: str = ""
+    output_token_ids: dict[int, list[int]] = field(default_factory=dict)
+
+
+def _record_from(request: Request, result: StreamResult, t0: float, arrival_s: float) -> Record:
+    """A record in the shared schema; times relative to the start of the measured run."""
+    record = Record(request.request_id, arrival_s, request.prompt_tokens, request.output_tokens)
+    if result.token_times_s:
+        record.first_token_s = result.token_times_s[0] - t0
+    record.finish_s = result.finish_s - t0 if math.isfinite(result.finish_s) else math.nan
+    if result.status == RequestStatus.OK or result.num_output_tokens:
+        record.output_tokens = result.num_output_tokens or request.output_tokens
+    record.cached_tokens = result.cached_tokens or 0
+    record.status = result.status
+    record.error = result.error
+    record.token_times_s = [t - t0 for t in result.token_times_s]
+    return record
+
+
+class _Replay:
+    def __init__(
+        self,
+        requests: Sequence[Request],
+        target: Target,
+        tokens: PromptTokens,
+        options: ReplayOptions,
+        sink: IO[str] | None,
+        clock: Callable[[], float],
+    ) -> None:
+        self.requests = sorted(requests, key=lambda r: r.request_id)
+        self.target = target
+        self.tokens = tokens
+        self.options = options
+        self.sink = sink
+        self.clock = clock
+        self.records: dict[int, Record] = {}
+        self.lags: list[float] = []
+        self.outputs: dict[int, list[int]] = {}  # output source id -> generated token ids
+        self.children: dict[int, list[Request]] = {}
+        for request in self.requests:
+            if request.parent_id >= 0:
+                self.children.setdefault(request.parent_id, []).append(request)
+        self.tasks: set[asyncio.Task[None]] = set()
+        self.done = asyncio.Event()
+        self.connection_errors = 0
+        self.abort_reason = ""
+        self.t0 = 0.0
+        self.semaphore = (
+            asyncio.Semaphore(options.max_concurrency) if options.max_concurrency else None
+        )
+
+    def _write(self, record: Record) -> None:
+        self.records[record.request_id] = record
+        if self.sink is not None:
+            row = record.as_row()
+            if self.options.record_token_times:
+                row["token_times_s"] = record.token_times_s
+            self.sink.write(json.dumps(row, allow_nan=True) + "\n")
+            self.sink.flush()
+        if len(self.records) == len(self.requests):
+            self.done.set()
+
+    async def _send(self, client: httpx.AsyncClient, request: Request, due: float) -> None:
+        prompt = self.tokens.prompt_ids(request, self.outputs)
+        partial: list[StreamResult] = []
+
+        async def call() -> StreamResult:
+            return await stream_completion(
+                client,
+                self.target.base_url,
+                self.target.model,
+                prompt,
+                request.output_tokens,
+                endpoint=self.target.endpoint,
+                timeout_s=self.options.timeout_s,
+                read_timeout_s=self.options.read_timeout_s,
+                clock=self.clock,
+                on_partial=partial.append,
+            )
+
+        try:
+            if self.semaphore is None:
+                result = await call()
+            else:
+                async with self.semaphore:
+                    result = await call()
+        except asyncio.CancelledError:
+            if partial:
+                result = partial[-1]
+                self._write(_record_from(request, result, self.t0, result.send_s - self.t0))
+            raise
+        self.lags.append(result.send_s - due)
+        self._write(_record_from(request, result, self.t0, result.send_s - self.t0))
+        self._after(client, request, result)
+
+    def _after(self, client: httpx.AsyncClient, request: Request, result: StreamResult) -> None:
+        if result.output_token_ids:
+            self.outputs[request.output_source_id] = result.output_token_ids
+        if result.status == RequestStatus.ERROR and result.error.startswith("connection"):
+            self.connection_errors += 1
+            limit = self.options.abort_after_connection_errors
+            if limit and self.connection_errors >= limit and not self.abort_reason:
+                self.abort_reason = f"server unreachable after {limit} connection errors"
+                self.done.set()
+        else:
+            self.connection_errors = 0
+        for child in self.children.get(request.request_id, ()):
+            self._spawn(self._later_turn(client, child))
+
+    async def _later_turn(self, client: httpx.AsyncClient, request: Request) -> None:
+        await asyncio.sleep(request.think_time_s)
+        await self._send(client, request, self.clock())
+
+    def _spawn(self, coroutine: Coroutine[Any, Any, None]) -> None:
+        if self.abort_reason:
+            coroutine.close()
+            return
+        task = asyncio.ensure_future(coroutine)
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+
+    async def _dispatch(self, client: httpx.AsyncClient) -> None:
+        roots = sorted((r for r in self.requests if r.parent_id < 0), key=lambda r: r.arrival_s)
+        for request in roots:
+            if self.abort_reason:
+                return
+            due = self.t0 + request.arrival_s
+            delay = due - self.clock()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            self._spawn(self._send(client, request, due))
+
+    async def _warm_up(self, client: httpx.AsyncClient) -> None:
+        """A few small requests before the clock starts: the first ones after start-up are slow."""
+        for i in range(self.options.warmup_requests):
+            prompt = self.tokens.stream(-(i + 1), 32)
+            await stream_completion(
+                client,
+                self.target.base_url,
+                self.target.model,
+                prompt,
+                8,
+                endpoint=self.target.endpoint,
+                timeout_s=self.options.timeout_s,
+                read_timeout_s=self.options.read_timeout_s,
+                clock=self.clock,
+            )
+
+    async def run(self, after_warmup: Callable[[], None] | None = None) -> None:
+        limits = httpx.Limits(max_connections=None, max_keepalive_connections=64)
+        async with httpx.AsyncClient(limits=limits, timeout=None) as client:
+            await self._warm_up(client)
+            if after_warmup is not None:
+                after_warmup()
+            self.t0 = self.clock()
+            if not self.requests:
+                return
+            dispatcher = asyncio.ensure_future(self._dispatch(client))
+            try:
+                await self.done.wait()
+            finally:
+                dispatcher.cancel()
+                for task in list(self.tasks):
+                    task.cancel()
+                await asyncio.gather(dispatcher, *self.tasks, return_exceptions=True)
+
+    def close(self, reason: str) -> None:
+        """Give every request that has no record one, with status cancelled."""
+        for request in self.requests:
+            if request.request_id not in self.records:
+                record = Record(
+                    request.request_id,
+                    request.arrival_s,
+                    request.prompt_tokens,
+                    request.output_tokens,
+                )
+                record.status = RequestStatus.CANCELLED
+                record.error = f"not sent: {reason}"
+                self._write(record)
+
+
+async def replay(
+    requests: Sequence[Request],
+    target: Target,
+    tokens: PromptTokens,
+    *,
+    records_path: Path | None = None,
+    options: ReplayOptions | None = None,
+    after_warmup: Callable[[], None] | None = None,
+    clock: Callable[[], float] = time.perf_counter,
+) -> ReplayResult:
+    """Send ``requests`` to ``target`` on their schedule and record every one of them.
+
+    ``after_warmup`` runs once the warm-up requests are done, just before the measured part
+    (e.g. to scrape ``/metrics``). Cancelling this coroutine (Ctrl-C) still writes every record.
+    """
+    options = options or ReplayOptions()
+    started_unix = time.time()
+    sink = records_path.open("a", encoding="utf-8") if records_path is not None else None
+    state = _Replay(requests, target, tokens, options, sink, clock)
+    interrupted = False
+    reason = ""
+    try:
+        await state.run(after_warmup)
+    except asyncio.CancelledError:
+        interrupted, reason = True, "run interrupted"
+        raise
+    finally:
+        if state.abort_reason:
+            interrupted, reason = True, state.abort_reason
+        state.close(reason or "run ended")
+        if sink is not None:
+            sink.close()
+    duration = clock() - state.t0 if state.t0 else 0.0
+    lag = np.asarray(state.lags, dtype=np.float64)
+    if lag.size and float(np.percentile(lag, 99)) > options.lag_warning_s:
+        warnings.warn(
+            f"load generator lag p99 {np.percentile(lag, 99) * 1e3:.1f} ms exceeds "
+            f"{options.lag_warning_s * 1e3:.0f} ms: requests left late, the offered load was "
+            "lower than the workload's (a busy client machine?)",
+            LoadGeneratorLagWarning,
+            stacklevel=2,
+        )
+    itl = [
+        b - a
+        for record in state.records.values()
+        for a, b in zip(record.token_times_s, record.token_times_s[1:], strict=False)
+    ]
+    records = [state.records[r.request_id] for r in state.requests]
+    return ReplayResult(
+        records=records,
+        lag_s=lag,
+        itl_s=np.asarray(itl, dtype=np.float64),
+        started_at_unix_s=started_unix,
+        duration_s=duration,
+        interrupted=interrupted,
+        reason=reason,
+        output_token_ids={
+            r.request_id: state.outputs.get(r.output_source_id, []) for r in state.requests
+        },
+    )
