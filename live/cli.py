@@ -104,7 +104,10 @@ def run_command(
         _fail(f"--format: must be parquet or csv, got {fmt!r}")
     scenario = _load(scenario_path)
     options = ReplayOptions(
-        max_concurrency=max_concurrency, warmup_requests=warmup, timeout_s=timeout_s
+        max_concurrency=max_concurrency,
+        warmup_requests=warmup,
+        timeout_s=timeout_s,
+        record_token_times=scenario.output.record_token_times,
     )
     out.mkdir(parents=True, exist_ok=True)
     server: VLLMServer | None = None
@@ -138,7 +141,7 @@ def run_command(
     finally:
         if server is not None:
             server.stop()
-    for path in result.write(out, fmt):
+    for path in result.write(out, "csv" if fmt == "csv" else "parquet"):
         stderr.print(f"wrote {path}", highlight=False)
     summary = result.summary
     ttft = summary["ttft_s"]

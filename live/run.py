@@ -5,10 +5,9 @@ as ``servesim run`` (records, summary.json), plus the server's own ``/metrics`` 
 from __future__ import annotations
 
 import asyncio
-import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import httpx
 import pandas as pd
@@ -16,9 +15,16 @@ import pandas as pd
 from live.replay import ReplayOptions, ReplayResult, Target, replay
 from live.scrape import MetricsDelta, MetricsSnapshot, metrics_delta, scrape
 from live.tokens import PromptTokens
-from sim.metrics import SLO, PrefixCacheCounts, distribution, records_frame, summarize
+from sim.metrics import (
+    SLO,
+    PrefixCacheCounts,
+    distribution,
+    records_frame,
+    summarize,
+    token_times_frame,
+)
 from sim.request import Request
-from sim.run import scenario_requests
+from sim.run import scenario_requests, write_outputs
 from sim.scenario import Scenario
 
 
@@ -31,25 +37,16 @@ class LiveResult:
     metrics: MetricsDelta | None
     replay: ReplayResult
 
-    def write(self, out_dir: str | Path, fmt: str = "parquet") -> list[Path]:
-        """records.{parquet,csv}, summary.json and metrics.json, like ``servesim run --out``."""
-        out = Path(out_dir)
-        out.mkdir(parents=True, exist_ok=True)
-        written = []
-        path = out / f"records.{fmt}"
-        if fmt == "parquet":
-            self.records.to_parquet(path, index=False)
-        else:
-            self.records.to_csv(path, index=False)
-        written.append(path)
-        path = out / "summary.json"
-        path.write_text(json.dumps(self.summary, indent=2) + "\n", encoding="utf-8")
-        written.append(path)
+    def write(self, out_dir: str | Path, fmt: Literal["parquet", "csv"] = "parquet") -> list[Path]:
+        """records (and token_times), summary.json and metrics.json, like ``servesim run``."""
+        tables = {"records": self.records}
+        token_times = token_times_frame(self.replay.records)
+        if token_times is not None:
+            tables["token_times"] = token_times
+        documents: dict[str, Any] = {"summary": self.summary}
         if self.metrics is not None:
-            path = out / "metrics.json"
-            path.write_text(json.dumps(self.metrics.as_dict(), indent=2) + "\n", encoding="utf-8")
-            written.append(path)
-        return written
+            documents["metrics"] = self.metrics.as_dict()
+        return write_outputs(out_dir, tables, documents, fmt)
 
 
 def kv_capacity_tokens(snapshot: MetricsSnapshot) -> int:
@@ -114,6 +111,8 @@ def run_live(
     """
     out_dir.mkdir(parents=True, exist_ok=True)
     requests = scenario_requests(scenario) if requests is None else requests
+    if options is None:
+        options = ReplayOptions(record_token_times=scenario.output.record_token_times)
     before: list[MetricsSnapshot] = []
 
     def scrape_before() -> None:
@@ -142,4 +141,5 @@ def run_live(
         capacity = kv_capacity_tokens(after)
     slo = SLO(scenario.slo.ttft_s, scenario.slo.tpot_s, scenario.slo.percentile)
     summary = summarize_live(result, slo, delta, capacity)
+    summary["live"].update(url=target.base_url, model=target.model, endpoint=target.endpoint)
     return LiveResult(records_frame(result.records), summary, delta, result)

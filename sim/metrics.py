@@ -68,6 +68,14 @@ def records_frame(records: Iterable[Record]) -> pd.DataFrame:
     return frame.sort_values("request_id", kind="stable").reset_index(drop=True)
 
 
+def token_times_frame(records: Iterable[Record]) -> pd.DataFrame | None:
+    """Every recorded token time as ``(request_id, token_index, time_s)``; None if none kept."""
+    rows = [(r.request_id, i, t) for r in records for i, t in enumerate(r.token_times_s)]
+    if not rows:
+        return None
+    return pd.DataFrame(rows, columns=["request_id", "token_index", "time_s"])
+
+
 def distribution(values: Sequence[float] | np.ndarray) -> dict[str, float | None]:
     """``mean``, ``p50`` … ``p99`` of the finite values; None when there are none."""
     array = np.asarray(values, dtype=np.float64)

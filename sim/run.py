@@ -30,7 +30,14 @@ from sim.latency import (
     RooflineModel,
     plan_memory,
 )
-from sim.metrics import SLO, TIMESERIES_COLUMNS, PrefixCacheCounts, records_frame, summarize
+from sim.metrics import (
+    SLO,
+    TIMESERIES_COLUMNS,
+    PrefixCacheCounts,
+    records_frame,
+    summarize,
+    token_times_frame,
+)
 from sim.models import ModelArch
 from sim.replica import Replica
 from sim.request import Record, Request, RequestStatus
@@ -236,23 +243,34 @@ class SimResult:
 
     def write(self, out_dir: str | Path, fmt: Literal["parquet", "csv"] = "parquet") -> list[Path]:
         """Write records, time series (Parquet or CSV) and ``summary.json``; return the paths."""
-        out = Path(out_dir)
-        out.mkdir(parents=True, exist_ok=True)
-        written = []
         tables = {"records": self.records, "timeseries": self.timeseries}
         if self.token_times is not None:
             tables["token_times"] = self.token_times
-        for name, frame in tables.items():
-            path = out / f"{name}.{fmt}"
-            if fmt == "parquet":
-                frame.to_parquet(path, index=False)
-            else:
-                frame.to_csv(path, index=False)
-            written.append(path)
-        summary_path = out / "summary.json"
-        summary_path.write_text(json.dumps(self.summary, indent=2) + "\n", encoding="utf-8")
-        written.append(summary_path)
-        return written
+        return write_outputs(out_dir, tables, {"summary": self.summary}, fmt)
+
+
+def write_outputs(
+    out_dir: str | Path,
+    tables: dict[str, pd.DataFrame],
+    documents: dict[str, Any],
+    fmt: Literal["parquet", "csv"] = "parquet",
+) -> list[Path]:
+    """Tables as ``NAME.parquet`` (or ``.csv``) and documents as ``NAME.json``; the paths."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    written = []
+    for name, frame in tables.items():
+        path = out / f"{name}.{fmt}"
+        if fmt == "parquet":
+            frame.to_parquet(path, index=False)
+        else:
+            frame.to_csv(path, index=False)
+        written.append(path)
+    for name, document in documents.items():
+        path = out / f"{name}.json"
+        path.write_text(json.dumps(document, indent=2) + "\n", encoding="utf-8")
+        written.append(path)
+    return written
 
 
 class _Sampler:
@@ -409,13 +427,7 @@ class Simulation:
             num_events=replica.num_steps + total + len(sampler.rows),
         )
         timeseries = pd.DataFrame(sampler.rows, columns=list(TIMESERIES_COLUMNS))
-        token_times = None
-        if any(r.token_times_s for r in records):
-            token_times = pd.DataFrame(
-                [(r.request_id, i, t) for r in records for i, t in enumerate(r.token_times_s)],
-                columns=["request_id", "token_index", "time_s"],
-            )
-        return SimResult(frame, timeseries, summary, token_times)
+        return SimResult(frame, timeseries, summary, token_times_frame(records))
 
 
 def _seeds(scenario: Scenario) -> tuple[np.random.SeedSequence, np.random.SeedSequence]:

@@ -14,6 +14,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
+import httpx
 import numpy as np
 import pytest
 import yaml
@@ -207,3 +208,28 @@ def test_live_run_cli_against_an_existing_server(
     assert summary["requests"]["ok"] == 20
     assert (out / "records.parquet").exists() and (out / "metrics.json").exists()
     assert np.isfinite(summary["ttft_s"]["p90"])
+
+
+def test_live_run_cli_launches_and_stops_its_own_server(tmp_path: Path) -> None:
+    repo = Path(__file__).parents[2]
+    data = yaml.safe_load((repo / "scenarios/live_cpu_tiny.yaml").read_text())
+    data["workload"]["num_requests"] = 15
+    scenario = tmp_path / "tiny.yaml"
+    scenario.write_text(yaml.safe_dump(data))
+    out = tmp_path / "out"
+    command = [sys.executable, "-m", "sim.cli", "live", "run", str(scenario), "--launch"]
+    completed = subprocess.run(
+        [*command, "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=False,
+    )
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["requests"]["ok"] == 15
+    assert "Application startup complete" in (out / "server.log").read_text()
+    # The server it started is gone: nothing answers on its port any more.
+    url = summary["live"]["url"]
+    with pytest.raises(httpx.ConnectError):
+        httpx.get(f"{url}/health", timeout=5)
