@@ -17,6 +17,7 @@ Backends here:
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -88,6 +89,63 @@ class ExponentialStepModel:
     def step_time(self, batch: BatchShape) -> float:
         """A fresh exponential draw."""
         return float(self._rng.exponential(self.mean_s))
+
+
+@dataclass(frozen=True, slots=True)
+class CalibratedCoefficients:
+    """Coefficients of the measured (calibrated) iteration-time model, in seconds.
+
+    ``frontend_overhead_s`` is not part of a step: it is the time a request spends in the
+    server's front end (HTTP, validation, streaming the first token back), which a client sees
+    in TTFT and end-to-end latency.
+    """
+
+    step_overhead_s: float
+    per_prefill_token_s: float
+    per_decode_seq_s: float
+    per_context_token_s: float
+    per_prefill_pair_s: float
+    frontend_overhead_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        for name in self.__dataclass_fields__:
+            value = getattr(self, name)
+            if not math.isfinite(value) or value < 0:
+                raise ValueError(f"{name}: must be a finite number >= 0, got {value}")
+
+
+class CalibratedModel:
+    """Step time linear in what a step computes, with coefficients fitted to a real server:
+
+    ``overhead + a·prefill tokens + b·decode sequences + c·context tokens attended + d·causal
+    prefill pairs``. The context term is the KV read by decodes and by prefill chunks after
+    earlier tokens; the pair term is attention's quadratic cost in long prefills.
+    """
+
+    def __init__(self, coefficients: CalibratedCoefficients) -> None:
+        self.coefficients = coefficients
+
+    @staticmethod
+    def features(batch: BatchShape) -> tuple[float, float, float, float, float]:
+        """The regressors of one step, in coefficient order (the constant first)."""
+        return (
+            1.0,
+            float(batch.num_prefill_tokens),
+            float(batch.num_decode_seqs),
+            float(batch.decode_context_tokens + batch.prefill_context_tokens),
+            float(batch.prefill_attention_pairs),
+        )
+
+    def step_time(self, batch: BatchShape) -> float:
+        """Seconds for one step."""
+        c = self.coefficients
+        return (
+            c.step_overhead_s
+            + c.per_prefill_token_s * batch.num_prefill_tokens
+            + c.per_decode_seq_s * batch.num_decode_seqs
+            + c.per_context_token_s * (batch.decode_context_tokens + batch.prefill_context_tokens)
+            + c.per_prefill_pair_s * batch.prefill_attention_pairs
+        )
 
 
 @dataclass(frozen=True, slots=True)

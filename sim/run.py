@@ -23,6 +23,7 @@ from sim import lengths as lens
 from sim.hardware import GPU
 from sim.kv_cache import KVCacheManager
 from sim.latency import (
+    CalibratedModel,
     ConstantStepModel,
     ExponentialStepModel,
     IterationTimeModel,
@@ -47,6 +48,7 @@ from sim.scenario import (
     ExponentialLatencySpec,
     LengthSpec,
     MultiTurnSpec,
+    ProfileLatencySpec,
     RooflineLatencySpec,
     Scenario,
     SharedPrefixSpec,
@@ -175,15 +177,33 @@ def build_requests(workload: WorkloadSpec, seed_sequence: np.random.SeedSequence
 
 def make_latency_model(
     scenario: Scenario, model: ModelArch, gpu: GPU, rng: np.random.Generator
-) -> IterationTimeModel:
-    """The iteration-time model a scenario's ``latency`` section describes."""
+) -> tuple[IterationTimeModel, float]:
+    """The iteration-time model a scenario's ``latency`` section describes, and the server
+    front-end overhead each request sees (non-zero only for calibrated profiles).
+    """
     spec = scenario.latency
     if isinstance(spec, ConstantLatencySpec):
-        return ConstantStepModel(spec.step_s)
+        return ConstantStepModel(spec.step_s), 0.0
     if isinstance(spec, ExponentialLatencySpec):
-        return ExponentialStepModel(spec.mean_s, rng)
+        return ExponentialStepModel(spec.mean_s, rng), 0.0
+    if isinstance(spec, ProfileLatencySpec):
+        # calibration depends on sim, not the other way round, except for reading profiles here.
+        from calibration.profile import check_profile, load_profile
+
+        profile = load_profile(spec.path)
+        check_profile(
+            profile,
+            model=model.name,
+            hardware=gpu.name,
+            tensor_parallel_size=scenario.engine.tensor_parallel_size,
+            dtype=scenario.dtype,
+            engine_version=scenario.engine.vllm_version,
+            source=spec.path,
+        )
+        coefficients = profile.coefficients
+        return CalibratedModel(coefficients), coefficients.frontend_overhead_s
     assert isinstance(spec, RooflineLatencySpec)
-    return RooflineModel(
+    roofline = RooflineModel(
         model,
         gpu,
         dtype=scenario.dtype,
@@ -191,6 +211,7 @@ def make_latency_model(
         tensor_parallel_size=scenario.engine.tensor_parallel_size,
         params=spec.params(),
     )
+    return roofline, 0.0
 
 
 def memory_plan(scenario: Scenario, model: ModelArch, gpu: GPU) -> MemoryPlan:
@@ -324,6 +345,7 @@ class Simulation:
         slo: SLO,
         sample_interval_s: float = 1.0,
         kv_capacity_tokens: int,
+        frontend_overhead_s: float = 0.0,
     ) -> None:
         self.requests = sorted(requests, key=lambda r: r.request_id)
         self.scheduler = scheduler
@@ -332,6 +354,7 @@ class Simulation:
         self.slo = slo
         self.sample_interval_s = sample_interval_s
         self.kv_capacity_tokens = kv_capacity_tokens
+        self.frontend_overhead_s = frontend_overhead_s
         self.records: list[Record] = []
         self._ran = False
 
@@ -358,10 +381,14 @@ class Simulation:
         finished = num_ok = 0
         progress_every = max(1, total // 200)
 
+        frontend = self.frontend_overhead_s
+
         def release(request: Request) -> Generator[simpy.Event, Any, None]:
             yield env.timeout(request.think_time_s)
             record = record_of[request.request_id]
             record.arrival_s = env.now
+            if frontend:
+                yield env.timeout(frontend)
             replica.submit(request, record)
 
         def on_finish(record: Record) -> None:
@@ -386,8 +413,10 @@ class Simulation:
         sampler = _Sampler(replica, self.scheduler)
 
         def arrivals() -> Generator[simpy.Event, Any, None]:
+            # The server's front end holds every request the same time before the engine sees
+            # it, so shifting all arrivals keeps their order.
             for request in roots:
-                delay = request.arrival_s - env.now
+                delay = request.arrival_s + frontend - env.now
                 if delay > 0:
                     yield env.timeout(delay)
                 replica.submit(request, record_of[request.request_id])
@@ -463,10 +492,14 @@ def build(scenario: Scenario) -> Simulation:
     kv = KVCacheManager(plan.num_blocks, engine.block_size, caching)
     requests = build_requests(scenario.workload, workload_seed)
     slo = SLO(scenario.slo.ttft_s, scenario.slo.tpot_s, scenario.slo.percentile)
+    latency_model, frontend_overhead_s = make_latency_model(
+        scenario, model, gpu, np.random.default_rng(latency_seed)
+    )
     return Simulation(
         requests,
         make_scheduler(scenario, kv),
-        make_latency_model(scenario, model, gpu, np.random.default_rng(latency_seed)),
+        latency_model,
+        frontend_overhead_s=frontend_overhead_s,
         max_model_len=max_model_len,
         slo=slo,
         sample_interval_s=scenario.output.sample_interval_s,

@@ -324,6 +324,7 @@ class EngineSpec(Spec):
     tensor_parallel_size: Literal[1, 2, 4, 8, 16] = 1
     scheduling_policy: Literal["fcfs", "priority"] = "fcfs"
     batching: Literal["continuous", "static", "dynamic"] = "continuous"
+    vllm_version: str | None = None  # the deployment's vLLM version, checked against profiles
     batch_window_s: Annotated[float, Field(ge=0)] = 0.05  # dynamic batching only
 
 
@@ -356,8 +357,18 @@ class ExponentialLatencySpec(Spec):
     mean_s: PositiveFloat
 
 
+class ProfileLatencySpec(Spec):
+    """Step times from a calibration profile written by ``servesim calibrate``.
+
+    ``latency: {profile: PATH}`` is accepted as a shorthand.
+    """
+
+    type: Literal["profile"]
+    path: str
+
+
 LatencySpec = Annotated[
-    RooflineLatencySpec | ConstantLatencySpec | ExponentialLatencySpec,
+    RooflineLatencySpec | ConstantLatencySpec | ExponentialLatencySpec | ProfileLatencySpec,
     Field(discriminator="type"),
 ]
 
@@ -394,6 +405,14 @@ class Scenario(Spec):
     latency: LatencySpec = RooflineLatencySpec()
     slo: SLOSpec = SLOSpec()
     output: OutputSpec = OutputSpec()
+
+    @model_validator(mode="before")
+    @classmethod
+    def _profile_shorthand(cls, data: Any) -> Any:
+        latency = data.get("latency") if isinstance(data, dict) else None
+        if isinstance(latency, dict) and set(latency) == {"profile"}:
+            data = {**data, "latency": {"type": "profile", "path": latency["profile"]}}
+        return data
 
     def resolve_model(self) -> ModelArch:
         """The model architecture (catalogue, local config.json, or custom dimensions)."""
@@ -594,6 +613,9 @@ def check_consistency(scenario: Scenario) -> list[str]:
             f"engine.tensor_parallel_size: {tp} and the model's {kv_heads} KV heads must divide "
             "one another"
         )
+    latency = scenario.latency
+    if isinstance(latency, ProfileLatencySpec) and not Path(latency.path).is_file():
+        problems.append(f"latency.path: profile not found: {latency.path}")
     trace = scenario.workload.trace
     if trace is not None and not Path(trace.path).is_file():
         problems.append(f"workload.trace.path: file not found: {trace.path}")

@@ -1,0 +1,159 @@
+"""Calibration profiles: fitted iteration-time coefficients for one model × hardware × TP × dtype.
+
+A profile is a versioned JSON file (validated with pydantic) that says what it was measured on
+(model, hardware, tensor parallelism, dtype, engine name and version, the engine knobs in force),
+when, the coefficients of :class:`sim.latency.CalibratedModel`, how well they fit, and a summary
+of the data they were fitted on. The simulator uses one with ``latency: {profile: PATH}``.
+"""
+
+from __future__ import annotations
+
+import json
+import warnings
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from sim.latency import CalibratedCoefficients
+
+SCHEMA_VERSION = 1
+
+
+class ProfileError(ValueError):
+    """A profile that cannot be used: unreadable, another schema, or another setup."""
+
+
+class ProfileMismatchWarning(UserWarning):
+    """The profile was measured on an older engine version than the scenario names."""
+
+
+class EngineInfo(BaseModel):
+    """The serving engine a profile was measured on."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = "vllm"
+    version: str = ""
+
+
+class FitReport(BaseModel):
+    """How well the coefficients reproduce the data they were fitted on."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    method: str
+    num_points: int
+    relative_error_mean: float
+    relative_error_p90: float
+    relative_error_max: float
+    points: list[dict[str, float]] = Field(default_factory=list)  # measured vs predicted, per point
+
+
+class Profile(BaseModel):
+    """A calibration profile (see module docstring)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    schema_version: int
+    model: str
+    hardware: str
+    tensor_parallel_size: int = 1
+    dtype: str = "bf16"
+    engine: EngineInfo = EngineInfo()
+    engine_knobs: dict[str, Any] = Field(default_factory=dict)
+    created: str = ""
+    coefficients: CalibratedCoefficients
+    fit: FitReport
+    data_summary: dict[str, Any] = Field(default_factory=dict)
+
+    def save(self, path: str | Path) -> Path:
+        """Write the profile as indented JSON."""
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(self.model_dump_json(indent=2) + "\n", encoding="utf-8")
+        return path
+
+
+def now_iso() -> str:
+    """The current UTC time, for ``Profile.created``."""
+    return datetime.now(UTC).isoformat(timespec="seconds")
+
+
+def load_profile(path: str | Path) -> Profile:
+    """Read and validate a profile; ProfileError names the file and what is wrong."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ProfileError(f"{path}: cannot read the profile: {exc.strerror}") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ProfileError(
+            f"{path}: not valid JSON at line {exc.lineno}, column {exc.colno} ({exc.msg}); "
+            "is the file truncated?"
+        ) from None
+    if not isinstance(data, dict):
+        raise ProfileError(f"{path}: expected a JSON object, got {type(data).__name__}")
+    version = data.get("schema_version")
+    if version != SCHEMA_VERSION:
+        raise ProfileError(
+            f"{path}: schema_version {version!r} is not supported (this servesim reads "
+            f"{SCHEMA_VERSION}); re-run `servesim calibrate` to produce a current profile"
+        )
+    try:
+        return Profile.model_validate(data)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        raise ProfileError(f"{path}: {where}: {first['msg']}") from None
+
+
+def _version_tuple(version: str) -> tuple[int, ...]:
+    parts = []
+    for piece in version.split("."):
+        digits = "".join(ch for ch in piece if ch.isdigit())
+        if not digits:
+            break
+        parts.append(int(digits))
+    return tuple(parts)
+
+
+def check_profile(
+    profile: Profile,
+    *,
+    model: str,
+    hardware: str,
+    tensor_parallel_size: int,
+    dtype: str,
+    engine_version: str | None = None,
+    source: str = "profile",
+) -> None:
+    """Refuse a profile measured on another setup; warn when its engine version is older."""
+    expected = {
+        "model": model,
+        "hardware": hardware,
+        "tensor_parallel_size": tensor_parallel_size,
+        "dtype": dtype,
+    }
+    for field, value in expected.items():
+        measured = getattr(profile, field)
+        if str(measured).lower() != str(value).lower():
+            raise ProfileError(
+                f"latency.profile: {source} was measured with {field}={measured!r} but the "
+                f"scenario has {field}={value!r}; calibrate for this setup or change the scenario"
+            )
+    measured_version = profile.engine.version
+    if (
+        engine_version
+        and measured_version
+        and _version_tuple(measured_version) < _version_tuple(engine_version)
+    ):
+        warnings.warn(
+            f"{source} was measured on {profile.engine.name} {profile.engine.version}, older "
+            f"than the scenario's {engine_version}; its step times may be out of date",
+            ProfileMismatchWarning,
+            stacklevel=2,
+        )
