@@ -49,6 +49,7 @@ class FitReport(BaseModel):
     relative_error_p90: float
     relative_error_max: float
     points: list[dict[str, float]] = Field(default_factory=list)  # measured vs predicted, per point
+    notes: list[str] = Field(default_factory=list)  # e.g. terms the data could not identify
 
 
 class Profile(BaseModel):

@@ -1,0 +1,323 @@
+"""Fitting the calibrated iteration-time model to measurements.
+
+Two methods, for two kinds of data:
+
+* :func:`fit_steps` — measured *steps* (:class:`~calibration.observations.Observation`: "a step
+  computing this batch took this long"). The model is linear in its coefficients, so this is a
+  sign-constrained linear least-squares problem on the regressors of
+  :meth:`sim.latency.CalibratedModel.features`, plus one indicator for measurements that include
+  the server's front end. Residuals are *relative* (each row divided by its measured time), so a
+  10 ms decode step and a 1 s prefill weigh the same.
+* :func:`fit_from_records` — only per-request benchmark records (TTFT, end-to-end latency). The
+  caller supplies ``simulate(coefficients) -> records`` (a replay of the same arrivals through the
+  simulator), and the coefficients are moved, in log space so they stay positive, to minimise the
+  relative TTFT and E2E errors.
+
+Both return the coefficients and a :class:`~calibration.profile.FitReport`. ``FitReport.points``
+holds numbers only (its schema is ``dict[str, float]``), so the point's kind is stored as
+``kind_code``, an index into :data:`POINT_KINDS` (``-1`` for a kind not listed); use
+:func:`point_kind` to read it back.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+from scipy.optimize import least_squares, lsq_linear
+
+from calibration.observations import Observation
+from calibration.profile import FitReport
+from sim.latency import CalibratedCoefficients, CalibratedModel
+
+#: Coefficient names in regressor order: CalibratedModel.features(), then the front-end indicator.
+COEFFICIENT_NAMES: tuple[str, ...] = (
+    "step_overhead_s",
+    "per_prefill_token_s",
+    "per_decode_seq_s",
+    "per_context_token_s",
+    "per_prefill_pair_s",
+    "frontend_overhead_s",
+)
+
+#: What ``kind_code`` in a report point refers to (observation kinds, then per-request metrics).
+POINT_KINDS: tuple[str, ...] = ("prefill", "decode", "mixed", "operator", "ttft", "e2e")
+
+#: Why a regressor can be all zero, for the report.
+_UNIDENTIFIED_REASON = {
+    "step_overhead_s": "no observations",
+    "per_prefill_token_s": "no observation has prefill tokens",
+    "per_decode_seq_s": "no observation has decode sequences",
+    "per_context_token_s": "no observation attends to earlier context (decodes or later chunks)",
+    "per_prefill_pair_s": "no observation has prefill attention pairs",
+    "frontend_overhead_s": "no observation includes the server front end (client-side TTFT)",
+}
+
+#: At most this many per-request points go into a record fit's report (errors use all of them).
+MAX_REPORTED_POINTS = 200
+
+
+def kind_code(kind: str) -> float:
+    """The number a report point stores for ``kind`` (``-1`` when it is not in POINT_KINDS)."""
+    return float(POINT_KINDS.index(kind)) if kind in POINT_KINDS else -1.0
+
+
+def point_kind(point: dict[str, float]) -> str:
+    """The kind of a report point, from its ``kind_code`` (``"unknown"`` when not listed)."""
+    code = int(point.get("kind_code", -1))
+    return POINT_KINDS[code] if 0 <= code < len(POINT_KINDS) else "unknown"
+
+
+def design_matrix(observations: Sequence[Observation]) -> np.ndarray:
+    """One row per observation: the five step regressors and the front-end indicator."""
+    rows = [
+        (*CalibratedModel.features(obs.batch), 1.0 if obs.includes_frontend else 0.0)
+        for obs in observations
+    ]
+    return np.asarray(rows, dtype=np.float64).reshape(len(rows), len(COEFFICIENT_NAMES))
+
+
+def predict_seconds(
+    coefficients: CalibratedCoefficients, observations: Sequence[Observation]
+) -> np.ndarray:
+    """What the coefficients predict each observation took (front end included where measured)."""
+    values = np.array([getattr(coefficients, name) for name in COEFFICIENT_NAMES])
+    predicted: np.ndarray = design_matrix(observations) @ values
+    return predicted
+
+
+def _error_summary(relative_errors: np.ndarray) -> tuple[float, float, float]:
+    """Mean, 90th percentile and maximum of the absolute relative errors."""
+    absolute = np.abs(relative_errors)
+    if absolute.size == 0:
+        return 0.0, 0.0, 0.0
+    return float(absolute.mean()), float(np.percentile(absolute, 90)), float(absolute.max())
+
+
+def fit_steps(
+    observations: Sequence[Observation], *, method_name: str = "step_least_squares"
+) -> tuple[CalibratedCoefficients, FitReport]:
+    """Coefficients that best reproduce measured steps, all >= 0, minimising relative error.
+
+    Each row and its target are divided by the measured seconds and multiplied by
+    ``sqrt(weight)``; the solve is a bounded least squares (BVLS) on column-scaled regressors. A
+    regressor that is zero in every observation cannot be estimated: its coefficient is fixed at
+    0 and the report's ``notes`` say so (for example no client-side TTFT → no front-end term).
+    Raises ValueError when there are fewer observations than coefficients left to estimate.
+    """
+    if not observations:
+        raise ValueError("observations: need at least one measured step to fit, got none")
+    design = design_matrix(observations)
+    seconds = np.array([obs.seconds for obs in observations])
+    weights = np.array([obs.weight for obs in observations])
+    if np.any(weights < 0) or not np.all(np.isfinite(weights)):
+        raise ValueError("observations: every weight must be a finite number >= 0")
+    free = np.flatnonzero(np.any(design != 0.0, axis=0))
+    notes = [
+        f"{name} fixed at 0: {_UNIDENTIFIED_REASON[name]}"
+        for index, name in enumerate(COEFFICIENT_NAMES)
+        if index not in free
+    ]
+    if len(observations) < free.size:
+        names = ", ".join(COEFFICIENT_NAMES[i] for i in free)
+        raise ValueError(
+            f"observations: {len(observations)} measured steps cannot determine {free.size} "
+            f"coefficients ({names}); measure at least {free.size} different steps"
+        )
+    row_scale = np.sqrt(weights) / seconds
+    system = design[:, free] * row_scale[:, None]
+    target = np.sqrt(weights)
+    # Column scaling keeps the solve well conditioned (pairs run to 1e6, the constant is 1);
+    # positive scaling leaves the bounds x >= 0 unchanged.
+    column_norm = np.linalg.norm(system, axis=0)
+    column_norm[column_norm == 0] = 1.0
+    solution = lsq_linear(system / column_norm, target, bounds=(0.0, np.inf), method="bvls")
+    values = np.zeros(len(COEFFICIENT_NAMES))
+    values[free] = np.maximum(solution.x / column_norm, 0.0)
+    coefficients = CalibratedCoefficients(
+        **{name: float(v) for name, v in zip(COEFFICIENT_NAMES, values, strict=True)}
+    )
+    predicted = design @ values
+    relative = (predicted - seconds) / seconds
+    mean, p90, worst = _error_summary(relative)
+    points = [
+        {
+            "kind_code": kind_code(obs.kind),
+            "measured_s": float(obs.seconds),
+            "predicted_s": float(pred),
+            "relative_error": float(rel),
+            "num_prefill_tokens": float(obs.batch.num_prefill_tokens),
+            "num_decode_seqs": float(obs.batch.num_decode_seqs),
+            "context_tokens": float(
+                obs.batch.decode_context_tokens + obs.batch.prefill_context_tokens
+            ),
+            "pairs": float(obs.batch.prefill_attention_pairs),
+            "includes_frontend": 1.0 if obs.includes_frontend else 0.0,
+        }
+        for obs, pred, rel in zip(observations, predicted, relative, strict=True)
+    ]
+    report = FitReport(
+        method=method_name,
+        num_points=len(observations),
+        relative_error_mean=mean,
+        relative_error_p90=p90,
+        relative_error_max=worst,
+        points=points,
+        notes=notes,
+    )
+    return coefficients, report
+
+
+# -- fitting to per-request records through the simulator -----------------------------------
+class _BudgetExhaustedError(Exception):
+    """Raised inside the objective once the simulation budget is spent."""
+
+
+@dataclass
+class _Tracker:
+    """Counts simulations and remembers the best log-coefficients seen."""
+
+    max_evaluations: int
+    num_evaluations: int = 0
+    best_cost: float = math.inf
+    best_x: np.ndarray | None = None
+
+
+def _ok_rows(records: pd.DataFrame) -> pd.DataFrame:
+    """Rows with status ``ok`` (all rows when there is no status column)."""
+    if "status" in records.columns:
+        records = records[records["status"].astype(str) == "ok"]
+    return records
+
+
+def _relative_residuals(measured: pd.DataFrame, simulated: pd.DataFrame) -> np.ndarray:
+    """Relative TTFT errors then relative E2E errors, one per measured ok request.
+
+    A request the simulation did not complete counts as a 100 % error, so the optimiser is
+    pushed away from coefficients under which requests fail.
+    """
+    sim = _ok_rows(simulated)[["request_id", "ttft_s", "e2e_s"]]
+    joined = measured[["request_id", "ttft_s", "e2e_s"]].merge(
+        sim, on="request_id", how="left", suffixes=("", "_sim"), validate="one_to_one"
+    )
+    parts = []
+    for column in ("ttft_s", "e2e_s"):
+        truth = joined[column].to_numpy(dtype=np.float64)
+        predicted = joined[f"{column}_sim"].to_numpy(dtype=np.float64)
+        relative = (predicted - truth) / truth
+        parts.append(np.where(np.isfinite(relative), relative, 1.0))
+    return np.concatenate(parts)
+
+
+def fit_from_records(
+    records: pd.DataFrame,
+    simulate: Callable[[CalibratedCoefficients], pd.DataFrame],
+    initial: CalibratedCoefficients,
+    *,
+    max_evaluations: int = 60,
+) -> tuple[CalibratedCoefficients, FitReport]:
+    """Coefficients under which a replay of ``records`` reproduces their TTFT and E2E latency.
+
+    ``simulate(coefficients)`` must replay the records' arrivals and lengths through the
+    simulator and return its records (``request_id``, ``ttft_s``, ``e2e_s``, ``status``, as
+    :data:`sim.request.RECORD_COLUMNS`). Only ``ok`` measured requests with positive TTFT and E2E
+    are fitted. The search is a trust-region least squares over the logs of the coefficients
+    (so they stay positive) starting at ``initial``; coefficients that are 0 in ``initial``
+    stay 0. At most ``max_evaluations`` simulations run (finite-difference Jacobians included);
+    the best coefficients seen are returned. Errors are reported over every request, points for
+    at most :data:`MAX_REPORTED_POINTS` of them.
+    """
+    if max_evaluations < 1:
+        raise ValueError(f"max_evaluations: must be >= 1, got {max_evaluations}")
+    missing = {"request_id", "ttft_s", "e2e_s"} - set(records.columns)
+    if missing:
+        raise ValueError(f"records: missing columns {sorted(missing)}; expected RECORD_COLUMNS")
+    measured = _ok_rows(records)
+    measured = measured[(measured["ttft_s"] > 0) & (measured["e2e_s"] > 0)]
+    measured = measured.reset_index(drop=True)
+    if measured.empty:
+        raise ValueError("records: no ok request with a positive ttft_s and e2e_s to fit to")
+    start = np.array([getattr(initial, name) for name in COEFFICIENT_NAMES], dtype=np.float64)
+    free = np.flatnonzero(start > 0)
+    if free.size == 0:
+        raise ValueError("initial: every coefficient is 0; give positive starting values")
+    notes = [
+        f"{COEFFICIENT_NAMES[i]} held at 0: it is 0 in the initial coefficients"
+        for i in range(len(COEFFICIENT_NAMES))
+        if i not in free
+    ]
+
+    def coefficients_at(log_values: np.ndarray) -> CalibratedCoefficients:
+        values = start.copy()
+        values[free] = np.exp(log_values)
+        return CalibratedCoefficients(
+            **{name: float(v) for name, v in zip(COEFFICIENT_NAMES, values, strict=True)}
+        )
+
+    tracker = _Tracker(max_evaluations)
+
+    def objective(log_values: np.ndarray) -> np.ndarray:
+        if tracker.num_evaluations >= tracker.max_evaluations:
+            raise _BudgetExhaustedError
+        tracker.num_evaluations += 1
+        residuals = _relative_residuals(measured, simulate(coefficients_at(log_values)))
+        cost = float(residuals @ residuals)
+        if cost < tracker.best_cost:
+            tracker.best_cost, tracker.best_x = cost, log_values.copy()
+        return residuals
+
+    x0 = np.log(start[free])
+    try:
+        # A 5 % finite-difference step in log space: batching makes a replay's latencies jump
+        # when a request lands in another step, so small steps see the jumps, not the slope
+        # (on simulated replays 5 % recovered the coefficients, 1 % and 10 % stalled early).
+        least_squares(objective, x0, method="trf", diff_step=5e-2, max_nfev=max_evaluations)
+    except _BudgetExhaustedError:
+        notes.append(f"stopped after {max_evaluations} simulations (max_evaluations)")
+    assert tracker.best_x is not None
+    fitted = coefficients_at(tracker.best_x)
+    notes.append(f"{tracker.num_evaluations} simulations run")
+
+    # The report, from one more replay of the fitted coefficients.
+    simulated = _ok_rows(simulate(fitted)).set_index("request_id")
+    points: list[dict[str, float]] = []
+    errors: list[float] = []
+    for metric in ("ttft", "e2e"):
+        column = f"{metric}_s"
+        truth = measured[column].to_numpy(dtype=np.float64)
+        predicted = (
+            measured["request_id"].map(simulated[column]).to_numpy(dtype=np.float64)
+            if column in simulated.columns
+            else np.full(truth.size, np.nan)
+        )
+        relative = np.where(np.isfinite(predicted), (predicted - truth) / truth, 1.0)
+        errors.extend(relative.tolist())
+        for request_id, m, p, r in zip(
+            measured["request_id"], truth, predicted, relative, strict=True
+        ):
+            points.append(
+                {
+                    "kind_code": kind_code(metric),
+                    "request_id": float(request_id),
+                    "measured_s": float(m),
+                    "predicted_s": float(p) if math.isfinite(p) else -1.0,
+                    "relative_error": float(r),
+                }
+            )
+    if len(points) > MAX_REPORTED_POINTS:
+        keep = np.linspace(0, len(points) - 1, MAX_REPORTED_POINTS).round().astype(int)
+        points = [points[i] for i in keep]
+    mean, p90, worst = _error_summary(np.asarray(errors))
+    report = FitReport(
+        method="records_least_squares",
+        num_points=len(errors),
+        relative_error_mean=mean,
+        relative_error_p90=p90,
+        relative_error_max=worst,
+        points=points,
+        notes=notes,
+    )
+    return fitted, report
