@@ -4,8 +4,10 @@ results of other benchmark tools. Heavy imports (httpx, torch, vLLM) happen insi
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated
 
@@ -38,7 +40,8 @@ def _load(path: Path | None) -> Scenario:
         raise typer.Exit(code=2) from None
 
 
-def _vocab_size(model: str | None, vocab_size: int | None) -> int:
+def vocab_size_of(model: str | None, vocab_size: int | None) -> int:
+    """The vocabulary to draw prompt token ids from: given, or read from a local model."""
     if vocab_size is not None:
         return vocab_size
     if model is not None:
@@ -53,6 +56,56 @@ def _vocab_size(model: str | None, vocab_size: int | None) -> int:
         "directory) so prompts are made of valid token ids"
     )
     raise AssertionError  # unreachable: _fail exits
+
+
+@contextlib.contextmanager
+def scenario_server(
+    scenario: Scenario,
+    url: str | None,
+    launch: bool,
+    model: str | None,
+    log_path: Path,
+    vocab_size: int | None = None,
+) -> Iterator[tuple[str, str, int]]:
+    """Launch vLLM with the scenario's knobs, or attach to ``url``; stopped on exit.
+
+    Yields ``(base url, served model name, vocabulary size)``.
+    """
+    from live.server import EndpointError, ServerStartError, VLLMServer, attach, dtype_args
+
+    if (url is None) == (not launch):
+        _fail("give exactly one of --url URL or --launch")
+    if launch and model is None:
+        if scenario.model != TINY_MODEL:
+            _fail(
+                f"--model: give the model to launch for {scenario.model} (a local path or a "
+                f"Hugging Face id); without it only model: {TINY_MODEL} launches on its own"
+            )
+        from live.tiny_model import ensure_tiny_model
+
+        model = str(ensure_tiny_model())
+    vocab = vocab_size_of(model, vocab_size)
+    if not launch:
+        assert url is not None
+        try:
+            yield url, attach(url), vocab
+        except EndpointError as exc:
+            _fail(str(exc))
+        return
+    assert model is not None
+    try:
+        torch_dtype, extra = dtype_args(scenario.dtype, scenario.kv_cache_dtype)
+        server = VLLMServer(
+            model, scenario.engine, log_path=log_path, dtype=torch_dtype, extra_args=extra
+        )
+        stderr.print(f"starting vLLM ({model}); log: {log_path}", highlight=False)
+        server.start()
+    except (ServerStartError, ValueError) as exc:
+        _fail(str(exc))
+    try:
+        yield server.url, server.model_name, vocab
+    finally:
+        server.stop()
 
 
 @app.command("tiny-model")
@@ -91,56 +144,39 @@ def run_command(
     fmt: Annotated[str, typer.Option("--format", help="parquet | csv")] = "parquet",
 ) -> None:
     """Replay the scenario's workload against a real server and write records and a summary."""
-    from live.replay import ReplayOptions, Target
+    from live.replay import ReplayError, ReplayOptions, Target
     from live.run import run_live
-    from live.server import ServerStartError, VLLMServer, attach
     from live.tokens import PromptTokens
 
-    if (url is None) == (not launch):
-        _fail("give exactly one of --url URL or --launch")
     if endpoint not in ("completions", "chat"):
         _fail(f"--endpoint: must be completions or chat, got {endpoint!r}")
     if fmt not in ("parquet", "csv"):
         _fail(f"--format: must be parquet or csv, got {fmt!r}")
+    if max_concurrency is not None and max_concurrency < 1:
+        _fail(f"--max-concurrency: must be >= 1, got {max_concurrency}")
     scenario = _load(scenario_path)
     options = ReplayOptions(
         max_concurrency=max_concurrency,
         warmup_requests=warmup,
         timeout_s=timeout_s,
+        read_timeout_s=timeout_s,
         record_token_times=scenario.output.record_token_times,
     )
     out.mkdir(parents=True, exist_ok=True)
-    server: VLLMServer | None = None
     try:
-        if launch:
-            if model is None and scenario.model != TINY_MODEL:
-                _fail(
-                    f"--model: give the model to launch for {scenario.model} (a local path or a "
-                    f"Hugging Face id); without it only model: {TINY_MODEL} launches on its own"
-                )
-            if model is None:
-                from live.tiny_model import ensure_tiny_model
-
-                model = str(ensure_tiny_model())
-            tokens = PromptTokens(_vocab_size(model, vocab_size))
-            server = VLLMServer(model, scenario.engine, log_path=out / "server.log")
-            stderr.print(f"starting vLLM ({model}); log: {out / 'server.log'}", highlight=False)
-            server.start()
-            target = Target(server.url, server.model_name, endpoint)  # type: ignore[arg-type]
-        else:
-            assert url is not None
-            tokens = PromptTokens(_vocab_size(model, vocab_size))
-            target = Target(url, attach(url), endpoint)  # type: ignore[arg-type]
-        stderr.print(f"replaying {scenario.name} against {target.base_url}", highlight=False)
-        result = run_live(scenario, target, tokens, out_dir=out, options=options)
-    except (ServerStartError, ValueError) as exc:
+        with scenario_server(scenario, url, launch, model, out / "server.log", vocab_size) as (
+            base,
+            served,
+            vocab,
+        ):
+            target = Target(base, served, endpoint)  # type: ignore[arg-type]
+            stderr.print(f"replaying {scenario.name} against {target.base_url}", highlight=False)
+            result = run_live(scenario, target, PromptTokens(vocab), out_dir=out, options=options)
+    except ReplayError as exc:
         _fail(str(exc))
     except KeyboardInterrupt:
         stderr.print(f"interrupted; every record so far is in {out / 'records.jsonl'}")
         raise typer.Exit(code=130) from None
-    finally:
-        if server is not None:
-            server.stop()
     for path in result.write(out, "csv" if fmt == "csv" else "parquet"):
         stderr.print(f"wrote {path}", highlight=False)
     summary = result.summary

@@ -510,9 +510,14 @@ async def _read_excerpt(response: httpx.Response) -> bytes:
     return bytes(body[:_MAX_ERROR_BODY_BYTES])
 
 
+def base_url(url: str) -> str:
+    """``http://host:port`` from a server URL that may end in ``/`` or ``/v1``."""
+    return url.rstrip("/").removesuffix("/v1")
+
+
 def _request_body(
     endpoint: Literal["completions", "chat"],
-    base_url: str,
+    server_url: str,
     model: str,
     prompt_token_ids: list[int],
     max_tokens: int,
@@ -526,7 +531,7 @@ def _request_body(
         "return_token_ids": True,
         "temperature": 0,
     }
-    root = base_url.rstrip("/")
+    root = base_url(server_url)
     match endpoint:
         case "completions":
             return f"{root}/v1/completions", {**common, "prompt": list(prompt_token_ids)}

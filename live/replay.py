@@ -20,14 +20,14 @@ import math
 import time
 import warnings
 from collections.abc import Callable, Coroutine, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, Literal
 
 import httpx
 import numpy as np
 
-from live.client import StreamResult, stream_completion
+from live.client import StreamResult, base_url, stream_completion
 from live.tokens import PromptTokens
 from sim.request import Record, Request, RequestStatus
 
@@ -44,6 +44,13 @@ class Target:
     model: str
     endpoint: Literal["completions", "chat"] = "completions"
 
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "base_url", base_url(self.base_url))
+
+
+class ReplayError(RuntimeError):
+    """The replay could not start: the warm-up requests failed (wrong URL, model, server down)."""
+
 
 @dataclass(frozen=True)
 class ReplayOptions:
@@ -51,9 +58,11 @@ class ReplayOptions:
 
     max_concurrency: int | None = None
     timeout_s: float = 600.0
-    read_timeout_s: float = 60.0
+    # vLLM sends nothing until the first token, so under overload a short read timeout would
+    # cut off queued requests (and make vLLM abort them): by default it is the whole deadline.
+    read_timeout_s: float = 600.0
     warmup_requests: int = 2
-    lag_warning_s: float = 0.005
+    lag_warning_s: float = 0.010  # on the p99 of send lag
     abort_after_connection_errors: int = 5
     record_token_times: bool = False
 
@@ -69,17 +78,23 @@ class ReplayResult:
     duration_s: float
     interrupted: bool = False
     reason: str = ""
-    output_token_ids: dict[int, list[int]] = field(default_factory=dict)
 
 
 def _record_from(request: Request, result: StreamResult, t0: float, arrival_s: float) -> Record:
-    """A record in the shared schema; times relative to the start of the measured run."""
+    """A record in the shared schema; times relative to the start of the measured run.
+
+    ``output_tokens`` is what the server produced for a request that was sent (the planned
+    length only for requests never sent).
+    """
     record = Record(request.request_id, arrival_s, request.prompt_tokens, request.output_tokens)
     if result.token_times_s:
         record.first_token_s = result.token_times_s[0] - t0
     record.finish_s = result.finish_s - t0 if math.isfinite(result.finish_s) else math.nan
-    if result.status == RequestStatus.OK or result.num_output_tokens:
-        record.output_tokens = result.num_output_tokens or request.output_tokens
+    # The tokens that really arrived (usage's count where the stream carried no token ids).
+    produced = result.num_output_tokens
+    if not result.output_token_ids and result.completion_tokens is not None:
+        produced = result.completion_tokens
+    record.output_tokens = produced
     record.cached_tokens = result.cached_tokens or 0
     record.status = result.status
     record.error = result.error
@@ -107,14 +122,23 @@ class _Replay:
         self.lags: list[float] = []
         self.outputs: dict[int, list[int]] = {}  # output source id -> generated token ids
         self.children: dict[int, list[Request]] = {}
+        ids = {r.request_id for r in self.requests}
+        if len(ids) != len(self.requests):
+            raise ValueError("requests: request ids must be unique")
         for request in self.requests:
             if request.parent_id >= 0:
+                if request.parent_id not in ids:
+                    raise ValueError(
+                        f"requests: request {request.request_id} follows request "
+                        f"{request.parent_id}, which is not in the list"
+                    )
                 self.children.setdefault(request.parent_id, []).append(request)
         self.tasks: set[asyncio.Task[None]] = set()
         self.done = asyncio.Event()
         self.connection_errors = 0
         self.abort_reason = ""
         self.t0 = 0.0
+        self.started_unix = math.nan
         self.semaphore = (
             asyncio.Semaphore(options.max_concurrency) if options.max_concurrency else None
         )
@@ -131,24 +155,28 @@ class _Replay:
             self.done.set()
 
     async def _send(self, client: httpx.AsyncClient, request: Request, due: float) -> None:
-        prompt = self.tokens.prompt_ids(request, self.outputs)
+        # Lag is the load generator's own delay, measured before any concurrency cap waits.
+        self.lags.append(self.clock() - due)
         partial: list[StreamResult] = []
-
-        async def call() -> StreamResult:
-            return await stream_completion(
-                client,
-                self.target.base_url,
-                self.target.model,
-                prompt,
-                request.output_tokens,
-                endpoint=self.target.endpoint,
-                timeout_s=self.options.timeout_s,
-                read_timeout_s=self.options.read_timeout_s,
-                clock=self.clock,
-                on_partial=partial.append,
-            )
-
         try:
+            prompt = self.tokens.prompt_ids(request, self.outputs)
+            extra = {"priority": request.priority} if request.priority else None
+
+            async def call() -> StreamResult:
+                return await stream_completion(
+                    client,
+                    self.target.base_url,
+                    self.target.model,
+                    prompt,
+                    request.output_tokens,
+                    endpoint=self.target.endpoint,
+                    timeout_s=self.options.timeout_s,
+                    read_timeout_s=self.options.read_timeout_s,
+                    clock=self.clock,
+                    extra_body=extra,
+                    on_partial=partial.append,
+                )
+
             if self.semaphore is None:
                 result = await call()
             else:
@@ -159,7 +187,16 @@ class _Replay:
                 result = partial[-1]
                 self._write(_record_from(request, result, self.t0, result.send_s - self.t0))
             raise
-        self.lags.append(result.send_s - due)
+        except Exception as exc:  # a bug or a full disk must not hang the run: record it
+            record = Record(
+                request.request_id, math.nan, request.prompt_tokens, request.output_tokens
+            )
+            record.status = RequestStatus.ERROR
+            record.error = f"unexpected {type(exc).__name__}: {exc}"
+            if request.request_id not in self.records:
+                self._write(record)
+            self._release_children(client, request)
+            return
         self._write(_record_from(request, result, self.t0, result.send_s - self.t0))
         self._after(client, request, result)
 
@@ -174,6 +211,10 @@ class _Replay:
                 self.done.set()
         else:
             self.connection_errors = 0
+        self._release_children(client, request)
+
+    def _release_children(self, client: httpx.AsyncClient, request: Request) -> None:
+        """Later turns follow whatever happened to this one, as in the simulator."""
         for child in self.children.get(request.request_id, ()):
             self._spawn(self._later_turn(client, child))
 
@@ -204,7 +245,7 @@ class _Replay:
         """A few small requests before the clock starts: the first ones after start-up are slow."""
         for i in range(self.options.warmup_requests):
             prompt = self.tokens.stream(-(i + 1), 32)
-            await stream_completion(
+            result = await stream_completion(
                 client,
                 self.target.base_url,
                 self.target.model,
@@ -215,14 +256,23 @@ class _Replay:
                 read_timeout_s=self.options.read_timeout_s,
                 clock=self.clock,
             )
+            if result.status != RequestStatus.OK:
+                raise ReplayError(
+                    f"warm-up request to {self.target.base_url} (model {self.target.model!r}) "
+                    f"failed: {result.error}"
+                )
 
     async def run(self, after_warmup: Callable[[], None] | None = None) -> None:
-        limits = httpx.Limits(max_connections=None, max_keepalive_connections=64)
+        # vLLM closes idle connections after 5 s; reusing one just then fails the request.
+        limits = httpx.Limits(
+            max_connections=None, max_keepalive_connections=64, keepalive_expiry=2.0
+        )
         async with httpx.AsyncClient(limits=limits, timeout=None) as client:
             await self._warm_up(client)
             if after_warmup is not None:
                 after_warmup()
             self.t0 = self.clock()
+            self.started_unix = time.time()
             if not self.requests:
                 return
             dispatcher = asyncio.ensure_future(self._dispatch(client))
@@ -265,7 +315,6 @@ async def replay(
     (e.g. to scrape ``/metrics``). Cancelling this coroutine (Ctrl-C) still writes every record.
     """
     options = options or ReplayOptions()
-    started_unix = time.time()
     sink = records_path.open("a", encoding="utf-8") if records_path is not None else None
     state = _Replay(requests, target, tokens, options, sink, clock)
     interrupted = False
@@ -294,6 +343,7 @@ async def replay(
     itl = [
         b - a
         for record in state.records.values()
+        if record.status == RequestStatus.OK
         for a, b in zip(record.token_times_s, record.token_times_s[1:], strict=False)
     ]
     records = [state.records[r.request_id] for r in state.requests]
@@ -301,11 +351,8 @@ async def replay(
         records=records,
         lag_s=lag,
         itl_s=np.asarray(itl, dtype=np.float64),
-        started_at_unix_s=started_unix,
+        started_at_unix_s=state.started_unix,
         duration_s=duration,
         interrupted=interrupted,
         reason=reason,
-        output_token_ids={
-            r.request_id: state.outputs.get(r.output_source_id, []) for r in state.requests
-        },
     )

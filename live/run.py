@@ -36,11 +36,12 @@ class LiveResult:
     summary: dict[str, Any]
     metrics: MetricsDelta | None
     replay: ReplayResult
+    token_times: bool = False  # write every token's time (scenario output.record_token_times)
 
     def write(self, out_dir: str | Path, fmt: Literal["parquet", "csv"] = "parquet") -> list[Path]:
         """records (and token_times), summary.json and metrics.json, like ``servesim run``."""
         tables = {"records": self.records}
-        token_times = token_times_frame(self.replay.records)
+        token_times = token_times_frame(self.replay.records) if self.token_times else None
         if token_times is not None:
             tables["token_times"] = token_times
         documents: dict[str, Any] = {"summary": self.summary}
@@ -115,8 +116,13 @@ def run_live(
         options = ReplayOptions(record_token_times=scenario.output.record_token_times)
     before: list[MetricsSnapshot] = []
 
+    notes: list[str] = []
+
     def scrape_before() -> None:
-        before.append(scrape(target.base_url))
+        try:
+            before.append(scrape(target.base_url))
+        except (httpx.HTTPError, OSError) as exc:
+            notes.append(f"/metrics not readable before the run: {exc}")
 
     records_path = out_dir / "records.jsonl"
     records_path.unlink(missing_ok=True)
@@ -136,10 +142,19 @@ def run_live(
         after = scrape(target.base_url)
     except (httpx.HTTPError, OSError):  # a dead server must not cost the records
         after = None
+    if after is None:
+        notes.append("/metrics not readable after the run (server gone?)")
     if before and after is not None:
-        delta = metrics_delta(before[0], after)
-        capacity = kv_capacity_tokens(after)
+        try:
+            delta = metrics_delta(before[0], after)
+            capacity = kv_capacity_tokens(after)
+        except ValueError as exc:  # counters went down: the server restarted mid-run
+            notes.append(f"server metrics unusable: {exc}")
     slo = SLO(scenario.slo.ttft_s, scenario.slo.tpot_s, scenario.slo.percentile)
     summary = summarize_live(result, slo, delta, capacity)
-    summary["live"].update(url=target.base_url, model=target.model, endpoint=target.endpoint)
-    return LiveResult(records_frame(result.records), summary, delta, result)
+    summary["live"].update(
+        url=target.base_url, model=target.model, endpoint=target.endpoint, notes=notes
+    )
+    return LiveResult(
+        records_frame(result.records), summary, delta, result, options.record_token_times
+    )

@@ -150,8 +150,9 @@ def scrape(url: str, *, timeout_s: float = 10) -> MetricsSnapshot:
     """``GET {url}/metrics`` of a server (``url`` as ``http://host:port``, ``/v1`` tolerated)."""
     import httpx
 
-    base = url.rstrip("/").removesuffix("/v1")
-    response = httpx.get(f"{base}/metrics", timeout=timeout_s)
+    from live.client import base_url
+
+    response = httpx.get(f"{base_url(url)}/metrics", timeout=timeout_s)
     response.raise_for_status()
     return MetricsSnapshot(parse_metrics(response.text), time.time())
 

@@ -21,11 +21,14 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
+from typing import Any
 
+from live.client import base_url
 from sim.scenario import EngineSpec
 
 #: The module that serves vLLM's OpenAI-compatible API (works for both the CUDA and CPU builds).
@@ -139,6 +142,8 @@ def vllm_serve_args(
         str(engine.tensor_parallel_size),
         "--scheduling-policy",
         engine.scheduling_policy,
+        # Usage then reports cached prompt tokens per request, as the simulator records them.
+        "--enable-prompt-tokens-details",
     ]
     if cpu and engine.block_size % CPU_BLOCK_SIZE_MULTIPLE:
         raise ValueError(
@@ -159,6 +164,28 @@ def vllm_serve_args(
     return args
 
 
+def dtype_args(dtype: str, kv_cache_dtype: str = "auto") -> tuple[str, list[str]]:
+    """vLLM's ``--dtype`` and extra flags for a scenario's ``dtype`` and ``kv_cache_dtype``.
+
+    fp8 weights are vLLM's dynamic fp8 quantization of a 16-bit checkpoint; int8 and int4 need a
+    quantized checkpoint (AWQ, GPTQ, …) whose method vLLM reads from the model itself.
+    """
+    extra: list[str] = []
+    match dtype:
+        case "bf16" | "int8" | "int4":
+            torch_dtype = "bfloat16"
+        case "fp16":
+            torch_dtype = "float16"
+        case "fp8":
+            torch_dtype = "bfloat16"
+            extra += ["--quantization", "fp8"]
+        case _:
+            raise ValueError(f"dtype: vLLM has no setting for {dtype!r}")
+    if kv_cache_dtype == "fp8":
+        extra += ["--kv-cache-dtype", "fp8"]
+    return torch_dtype, extra
+
+
 def cuda_available() -> bool:
     """Whether torch is installed and sees a CUDA device (vLLM then uses its GPU backend)."""
     if importlib.util.find_spec("torch") is None:
@@ -166,12 +193,6 @@ def cuda_available() -> bool:
     import torch
 
     return bool(torch.cuda.is_available())
-
-
-def _base_url(url: str) -> str:
-    """``http://host:port`` from a URL that may end in ``/`` or ``/v1``."""
-    url = url.rstrip("/")
-    return url.removesuffix("/v1")
 
 
 class VLLMServer:
@@ -279,6 +300,7 @@ class VLLMServer:
                 start_new_session=True,  # its own process group, so stop() reaches every child
             )
         atexit.register(self._stop_at_exit)
+        self._install_sigterm()
         deadline = time.monotonic() + self.startup_timeout_s
         with httpx.Client(timeout=2.0) as client:
             while True:
@@ -330,8 +352,6 @@ class VLLMServer:
         """
         if self.process is None:
             return None
-        with contextlib.suppress(ValueError):
-            atexit.unregister(self._stop_at_exit)
         pgid = self.process.pid
         _signal_group(pgid, signal.SIGTERM)
         deadline = time.monotonic() + grace_s
@@ -351,10 +371,37 @@ class VLLMServer:
         reap_deadline = time.monotonic() + ZOMBIE_REAP_WAIT_S
         while _group_exists(pgid) and time.monotonic() < reap_deadline:
             time.sleep(0.05)
+        # Only now: a second Ctrl-C during the shutdown must still find the exit hook.
+        with contextlib.suppress(ValueError):
+            atexit.unregister(self._stop_at_exit)
+        self._restore_sigterm()
         return self.process.returncode
 
     def _stop_at_exit(self) -> None:
         self.stop(grace_s=5)
+
+    def _install_sigterm(self) -> None:
+        """Turn SIGTERM (a CI timeout, ``kill``) into SystemExit so ``finally`` stops the server.
+
+        The server runs in its own session, so nothing else would stop it. Only from the main
+        thread, and only where nobody installed a handler of their own.
+        """
+        self._previous_sigterm: Any = None
+        if threading.current_thread() is not threading.main_thread():
+            return
+        if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+            return
+
+        def exit_on_sigterm(signum: int, frame: object) -> None:
+            raise SystemExit(128 + signum)
+
+        self._previous_sigterm = signal.signal(signal.SIGTERM, exit_on_sigterm)
+
+    def _restore_sigterm(self) -> None:
+        previous = getattr(self, "_previous_sigterm", None)
+        if previous is not None and threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, previous)
+            self._previous_sigterm = None
 
     def __enter__(self) -> VLLMServer:
         self.start()
@@ -431,7 +478,7 @@ def attach(url: str, *, timeout_s: float = 10) -> str:
     """
     import httpx
 
-    base = _base_url(url)
+    base = base_url(url)
     try:
         with httpx.Client(timeout=timeout_s) as client:
             health = client.get(f"{base}/health")

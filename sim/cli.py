@@ -210,7 +210,7 @@ def inspect(
 
 
 @app.command()
-def validate(scenario_path: Annotated[Path, typer.Argument(metavar="SCENARIO")]) -> None:
+def check(scenario_path: Annotated[Path, typer.Argument(metavar="SCENARIO")]) -> None:
     """Check a scenario file and report every problem, one line each."""
     scenario = _load(scenario_path)
     try:
@@ -259,10 +259,13 @@ def catalog() -> None:
 
 
 def _add_live_commands() -> None:
-    # The live executor's commands; their heavy dependencies load only when one runs.
+    # The live executor's and calibration's commands; heavy dependencies load when one runs.
+    from calibration.cli import calibrate, validate
     from live.cli import app as live_app
 
     app.add_typer(live_app, name="live")
+    app.command()(calibrate)
+    app.command()(validate)
 
 
 _add_live_commands()

@@ -86,7 +86,7 @@ def test_default_scenario_command_round_trips(tmp_path: Path) -> None:
     assert result.exit_code == 0
     path = tmp_path / "default.yaml"
     path.write_text(result.output)
-    assert runner.invoke(app, ["validate", str(path)]).exit_code == 0
+    assert runner.invoke(app, ["check", str(path)]).exit_code == 0
 
 
 def test_catalog_lists_gpus_and_models() -> None:

@@ -1,0 +1,209 @@
+"""The measurement plan, budget parsing and the statistics of calibration/measure.py, without a
+server: synthetic token timestamps stand in for streams.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from calibration.measure import (
+    MeasurementPlan,
+    chunks,
+    decode_observation,
+    decode_window,
+    mixed_observation,
+    mixed_step,
+    parse_budget,
+    prefill_observation,
+    robust_summary,
+    ttft_s,
+)
+from live.client import StreamResult
+from sim.latency import BatchShape, prefill_chunk_pairs
+from sim.request import RequestStatus
+
+LIMITS = {"max_model_len": 2048, "max_num_seqs": 32, "max_num_batched_tokens": 2048}
+
+
+def stream(send_s: float, token_times_s: list[float]) -> StreamResult:
+    return StreamResult(
+        send_s=send_s,
+        token_times_s=token_times_s,
+        output_token_ids=[5] * len(token_times_s),
+        finish_s=token_times_s[-1] if token_times_s else send_s,
+        prompt_tokens=None,
+        completion_tokens=len(token_times_s),
+        cached_tokens=None,
+        status=RequestStatus.OK,
+        error="",
+        http_status=200,
+        retry_after_s=None,
+    )
+
+
+def regular(first_s: float, step_s: float, num_tokens: int) -> list[float]:
+    return [first_s + i * step_s for i in range(num_tokens)]
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"),
+    [("10m", 600), ("90s", 90), ("1h", 3600), ("2m30s", 150), ("1h5s", 3605), ("45", 45),
+     (" 1.5m ", 90), ("2M", 120)],
+)  # fmt: skip
+def test_parse_budget_accepts_durations(text: str, seconds: float) -> None:
+    assert parse_budget(text) == seconds
+
+
+@pytest.mark.parametrize("text", ["", "ten minutes", "5x", "30s2m", "1m1m", "0s", "-5", "m", "inf"])
+def test_parse_budget_rejects_other_text_naming_the_format(text: str) -> None:
+    with pytest.raises(ValueError, match="expected a duration like"):
+        parse_budget(text)
+
+
+def test_for_budget_keeps_every_point_within_the_engine_limits() -> None:
+    plan = MeasurementPlan.for_budget(
+        3600, max_model_len=1000, max_num_seqs=6, max_num_batched_tokens=512
+    )
+    assert max(plan.prefill_lengths) == 512  # one step takes at most max_num_batched_tokens
+    assert min(plan.prefill_lengths) == 32
+    assert max(plan.decode_batches) == 6
+    assert all(c + plan.decode_tokens <= 1000 for c in plan.decode_contexts)
+    for point in plan.points():
+        assert point.batch_size <= 6
+        assert point.context_tokens + point.max_tokens <= 1000
+        if point.kind == "mixed":
+            assert point.batch_size <= 5  # a free seat for the arriving prefill
+            assert point.prompt_tokens + point.batch_size <= 512
+    long_model = MeasurementPlan.for_budget(
+        3600, max_model_len=300, max_num_seqs=256, max_num_batched_tokens=8192
+    )
+    assert max(long_model.prefill_lengths) == 298  # prompt + 2 output tokens fit the model
+
+
+def test_for_budget_scales_down_with_a_small_budget() -> None:
+    large = MeasurementPlan.for_budget(3600, **LIMITS)
+    small = MeasurementPlan.for_budget(30, **LIMITS)
+    tiny = MeasurementPlan.for_budget(1, **LIMITS)
+    assert large.repetitions == 5 and large.mixed
+    assert large.estimated_duration_s() <= 3600
+    assert small.estimated_duration_s() <= 30
+    assert len(small.points()) < len(large.points())
+    assert small.repetitions <= large.repetitions
+    # Below the smallest useful plan the smallest one comes back; measure() stops at the budget.
+    assert tiny.repetitions == 1 and not tiny.mixed
+    assert len(tiny.prefill_lengths) == 3
+    assert len(tiny.decode_batches) == 2 and len(tiny.decode_contexts) == 2
+    assert tiny.estimated_duration_s() > 1
+
+
+def test_plan_rejects_prefills_that_would_be_chunked() -> None:
+    with pytest.raises(ValueError, match="max_num_batched_tokens"):
+        MeasurementPlan((32, 4096), (1,), (64,), max_num_batched_tokens=2048)
+    with pytest.raises(ValueError, match="decode_tokens"):
+        MeasurementPlan((32,), (1,), (64,), decode_tokens=1)
+
+
+def test_decode_batches_above_max_num_seqs_are_capped() -> None:
+    plan = MeasurementPlan((32,), (1, 16, 64), (64,), max_num_seqs=16, mixed=False)
+    assert plan.capped_batches() == (1, 16)
+    assert {p.batch_size for p in plan.points() if p.kind == "decode"} == {1, 16}
+
+
+def test_points_measure_extremes_first() -> None:
+    plan = MeasurementPlan((32, 128, 512), (1, 4, 8), (64, 512), mixed=False)
+    points = plan.points()
+    assert [p.prompt_tokens for p in points[:3]] == [32, 512, 128]
+    decodes = [(p.batch_size, p.context_tokens) for p in points if p.kind == "decode"]
+    assert decodes[:4] == [(1, 64), (8, 512), (8, 64), (1, 512)]
+    assert len(decodes) == 6
+
+
+def test_chunks_group_tokens_that_share_a_timestamp() -> None:
+    assert chunks([1.0, 2.0, 2.0, 2.0, 3.0]) == [(1.0, 1, 0), (2.0, 3, 1), (3.0, 1, 4)]
+    assert chunks([]) == []
+
+
+def test_prefill_observation_is_the_median_ttft_with_the_front_end() -> None:
+    results = [stream(10.0, [10.0 + t, 10.1 + t]) for t in (0.030, 0.020, 0.500)]
+    ttfts = [ttft_s(r) for r in results]
+    observation = prefill_observation(512, ttfts)
+    assert observation.seconds == pytest.approx(0.030)
+    assert observation.kind == "prefill" and observation.includes_frontend
+    assert observation.repetitions == 3
+    assert observation.batch == BatchShape(
+        num_prefill_tokens=512,
+        num_prefill_seqs=1,
+        prefill_attention_pairs=prefill_chunk_pairs(512, 0),
+        num_sampled=1,
+    )
+
+
+def test_decode_window_covers_only_steps_where_all_requests_decode() -> None:
+    # Three requests, steps of 10 ms once all decode; the first started 3 steps earlier with
+    # slow (mixed) steps, which must not count.
+    early = [0.0, 0.05, 0.10, 0.15, *regular(0.16, 0.01, 12)]
+    late = [regular(0.15 + 0.001 * i, 0.01, 13) for i in range(2)]
+    results = [stream(0.0, early), *(stream(0.0, times) for times in late)]
+    window = decode_window(results, context_tokens=100)
+    assert window is not None
+    assert window.step_s == pytest.approx(0.01)
+    assert window.num_steps > 5
+    # Sequence lengths attended: C + k for output token k, about C + the middle of the window.
+    assert 3 * 100 < window.decode_context_tokens < 3 * (100 + 16)
+    observation = decode_observation(3, [window])
+    assert observation.batch.num_decode_seqs == 3 and observation.batch.num_sampled == 3
+    assert observation.batch.decode_context_tokens == window.decode_context_tokens
+    assert observation.kind == "decode" and not observation.includes_frontend
+
+
+def test_decode_window_divides_gaps_by_the_tokens_a_chunk_carries() -> None:
+    # Steps of 10 ms; the client fell behind and got tokens 3-4 and 7-9 in merged chunks.
+    times = [0.0, 0.01, 0.02, 0.04, 0.04, 0.05, 0.06, 0.09, 0.09, 0.09, 0.10]
+    window = decode_window([stream(-0.1, times)], context_tokens=10)
+    assert window is not None
+    assert window.step_s == pytest.approx(0.01)
+
+
+def test_decode_window_drops_bursts_below_the_step_floor() -> None:
+    steady = stream(0.0, regular(0.1, 0.01, 20))
+    burst = stream(0.0, regular(0.28, 1e-5, 20))  # a stalled stream: every token at the end
+    kept = decode_window([steady], context_tokens=10, min_step_s=0.001)
+    assert kept is not None and kept.step_s == pytest.approx(0.01)
+    unfiltered = decode_window([burst], context_tokens=10)
+    assert unfiltered is not None and unfiltered.step_s == pytest.approx(1e-5)
+    assert decode_window([burst], context_tokens=10, min_step_s=0.001) is None
+
+
+def test_mixed_step_is_the_gap_ending_at_the_prefills_first_token() -> None:
+    # Decodes step every 10 ms; the step with the prefill takes 50 ms and ends at 0.25.
+    decode_times = [*regular(0.10, 0.01, 11), *regular(0.25, 0.01, 10)]
+    decodes = [stream(0.0, [t + 0.0002 * i for t in decode_times]) for i in range(4)]
+    prefill = stream(0.205, [0.2502, 0.26])
+    step = mixed_step(decodes, prefill, context_tokens=64)
+    assert step is not None
+    assert step.step_s == pytest.approx(0.05)
+    assert step.num_decode_seqs == 4
+    assert step.decode_context_tokens == 4 * (64 + 11)  # output token 11 is computed in it
+    observation = mixed_observation(512, [step])
+    assert observation.kind == "mixed" and not observation.includes_frontend
+    assert observation.batch.num_prefill_tokens == 512
+    assert observation.batch.num_decode_seqs == 4 and observation.batch.num_sampled == 5
+    assert observation.batch.prefill_attention_pairs == prefill_chunk_pairs(512, 0)
+
+
+def test_mixed_step_needs_the_prefill_to_land_among_running_decodes() -> None:
+    decodes = [stream(0.0, regular(0.10, 0.01, 10))]
+    before_all_started = stream(0.05, [0.15, 0.16])
+    assert mixed_step(decodes, before_all_started, context_tokens=64) is None
+    after_they_finished = stream(0.15, [0.30, 0.31])
+    assert mixed_step(decodes, after_they_finished, context_tokens=64) is None
+
+
+def test_robust_summary_reports_median_and_iqr() -> None:
+    summary = robust_summary([1.0, 2.0, 3.0, 4.0, 100.0])
+    assert summary["median"] == 3.0
+    assert summary["iqr"] == pytest.approx(2.0)
+    assert summary["min"] == 1.0 and summary["max"] == 100.0
+    assert not math.isnan(robust_summary([5.0])["iqr"])
