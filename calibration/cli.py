@@ -1,0 +1,226 @@
+"""``servesim calibrate`` and ``servesim validate``: fit a profile to a real server, then measure
+how far the simulator's predictions are from what the server does on another workload.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from live.cli import scenario_server
+from sim.scenario import ProfileLatencySpec, Scenario, ScenarioError, load_scenario
+
+stderr = Console(stderr=True)
+
+
+def _fail(message: str, code: int = 2) -> None:
+    stderr.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
+    raise typer.Exit(code=code)
+
+
+def _load(path: Path) -> Scenario:
+    try:
+        return load_scenario(path)
+    except ScenarioError as exc:
+        stderr.print(str(exc), highlight=False, soft_wrap=True, markup=False)
+        raise typer.Exit(code=2) from None
+
+
+def calibrate(
+    scenario_path: Annotated[Path, typer.Argument(metavar="SCENARIO", help="engine knobs, model")],
+    out: Annotated[Path, typer.Option("--out", help="profile JSON to write")],
+    url: Annotated[str | None, typer.Option(help="an existing server")] = None,
+    launch: Annotated[bool, typer.Option(help="start vLLM with the scenario's knobs")] = False,
+    model: Annotated[str | None, typer.Option(help="model to launch (path or id)")] = None,
+    budget: Annotated[str, typer.Option(help="time budget, e.g. 90s, 10m")] = "5m",
+    operators: Annotated[
+        str | None,
+        typer.Option(
+            help="fit measured operator tables instead of a server: llmservingsim, "
+            "llmservingsim+kernel_bench, vidur, vidur+kernel_bench"
+        ),
+    ] = None,
+    data_dir: Annotated[
+        Path, typer.Option(help="where the operator tables are (shared/data)")
+    ] = Path("../shared/data"),
+) -> None:
+    """Measure a server (lone prefills, steady decode batches) and fit a latency profile.
+
+    With --operators, fit public operator timing tables for the scenario's model, GPU and TP.
+    """
+    if operators is not None:
+        _calibrate_from_operators(_load(scenario_path), operators, data_dir, out)
+        return
+    from calibration.fit import fit_steps
+    from calibration.measure import MeasurementPlan, measure, parse_budget
+    from calibration.profile import SCHEMA_VERSION, EngineInfo, Profile, now_iso
+    from live.tokens import PromptTokens
+
+    scenario = _load(scenario_path)
+    try:
+        budget_s = parse_budget(budget)
+    except ValueError as exc:
+        _fail(f"--budget: {exc}")
+    engine = scenario.engine
+    model_arch = scenario.resolve_model()
+    plan = MeasurementPlan.for_budget(
+        budget_s,
+        max_model_len=engine.max_model_len or model_arch.max_position_embeddings,
+        max_num_seqs=engine.max_num_seqs,
+        max_num_batched_tokens=engine.max_num_batched_tokens,
+    )
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with scenario_server(scenario, url, launch, model, out.with_suffix(".server.log")) as (
+        base_url,
+        served,
+        vocab,
+    ):
+        with Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            console=stderr,
+            transient=True,
+        ) as bar:
+            task = bar.add_task("measuring", total=None)
+
+            def progress(done: int, total: int, what: str) -> None:
+                bar.update(task, completed=done, total=total, description=f"measuring {what}")
+
+            measurement = measure(
+                base_url,
+                served,
+                PromptTokens(vocab),
+                plan,
+                block_size=engine.block_size,
+                budget_s=budget_s,
+                progress=progress,
+            )
+        version = _server_version(base_url)
+    coefficients, report = fit_steps(measurement.observations)
+    profile = Profile(
+        schema_version=SCHEMA_VERSION,
+        model=model_arch.name,
+        hardware=scenario.resolve_gpu().name,
+        tensor_parallel_size=engine.tensor_parallel_size,
+        dtype=scenario.dtype,
+        engine=EngineInfo(name="vllm", version=version),
+        engine_knobs=engine.model_dump(mode="json"),
+        created=now_iso(),
+        coefficients=coefficients,
+        fit=report,
+        data_summary={
+            "source": "live measurement",
+            "url": base_url,
+            "observations": len(measurement.observations),
+            "duration_s": measurement.duration_s,
+            "by_kind": _count_kinds(measurement.observations),
+        },
+    )
+    profile.save(out)
+    stderr.print(
+        f"wrote {out}: {len(measurement.observations)} points, fit error mean "
+        f"{report.relative_error_mean:.1%}, p90 {report.relative_error_p90:.1%}",
+        highlight=False,
+    )
+    typer.echo(json.dumps(asdict(profile.coefficients)))
+
+
+def _calibrate_from_operators(scenario: Scenario, source: str, data_dir: Path, out: Path) -> None:
+    from calibration.operators import canonical_batches, compare_with_roofline, operator_profile
+    from sim.latency import RooflineModel
+
+    model = scenario.resolve_model()
+    gpu = scenario.resolve_gpu()
+    tp = scenario.engine.tensor_parallel_size
+    try:
+        profile = operator_profile(
+            source,
+            model=model.name,
+            hardware=gpu.name,
+            tensor_parallel_size=tp,
+            data_dir=data_dir,
+            dtype=scenario.dtype,
+        )
+    except (ValueError, OSError) as exc:
+        _fail(f"--operators: {exc}")
+    profile.save(out)
+    report = profile.fit
+    stderr.print(
+        f"wrote {out}: {report.num_points} points from {source}, fit error mean "
+        f"{report.relative_error_mean:.1%}, p90 {report.relative_error_p90:.1%}",
+        highlight=False,
+    )
+    roofline = RooflineModel(model, gpu, dtype=scenario.dtype, tensor_parallel_size=tp)
+    for row in compare_with_roofline(profile, roofline, canonical_batches()):
+        typer.echo(
+            f"{row['batch']:<28} profile {row['profile_ms']:8.2f} ms   roofline "
+            f"{row['roofline_ms']:8.2f} ms   ratio {row['ratio']:.2f}"
+        )
+
+
+def _count_kinds(observations: list[Any]) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for observation in observations:
+        counts[observation.kind] = counts.get(observation.kind, 0) + 1
+    return counts
+
+
+def _server_version(base_url: str) -> str:
+    import httpx
+
+    try:
+        response = httpx.get(f"{base_url}/version", timeout=5)
+        return str(response.json().get("version", ""))
+    except (httpx.HTTPError, ValueError):
+        return ""
+
+
+def validate(
+    scenario_path: Annotated[Path, typer.Argument(metavar="SCENARIO", help="held-out workload")],
+    profile: Annotated[Path, typer.Option(help="calibration profile to validate")],
+    out: Annotated[Path, typer.Option("--out", help="report directory")] = Path("validation"),
+    url: Annotated[str | None, typer.Option(help="an existing server")] = None,
+    launch: Annotated[bool, typer.Option(help="start vLLM with the scenario's knobs")] = False,
+    model: Annotated[str | None, typer.Option(help="model to launch (path or id)")] = None,
+    max_error: Annotated[float, typer.Option(help="bound on headline relative errors")] = 0.2,
+    max_hit_rate_error: Annotated[float, typer.Option(help="bound in hit-rate points")] = 0.03,
+) -> None:
+    """Simulate SCENARIO with PROFILE, run it live, print the errors; exit 1 above the bounds."""
+    from calibration.validate import Thresholds, cdf_figure_html, compare, format_table
+    from live.replay import Target
+    from live.run import run_live
+    from live.tokens import PromptTokens
+    from sim.run import build
+
+    scenario = _load(scenario_path)
+    scenario = scenario.model_copy(
+        update={"latency": ProfileLatencySpec(type="profile", path=str(profile))}
+    )
+    try:
+        simulated = build(scenario).run()
+    except ValueError as exc:
+        _fail(str(exc))
+    out.mkdir(parents=True, exist_ok=True)
+    with scenario_server(scenario, url, launch, model, out / "server.log") as (
+        base_url,
+        served,
+        vocab,
+    ):
+        live = run_live(scenario, Target(base_url, served), PromptTokens(vocab), out_dir=out)
+    report = compare(live.summary, simulated.summary, Thresholds(max_error, max_hit_rate_error))
+    (out / "report.json").write_text(json.dumps(report.as_dict(), indent=2) + "\n")
+    cdf_figure_html(live.records, simulated.records, out / "cdf.html")
+    typer.echo(format_table(report))
+    if not report.passed:
+        for failure in report.failures:
+            stderr.print(f"[bold red]over bound:[/] {failure}", highlight=False)
+        raise typer.Exit(code=1)
+    stderr.print(f"within bounds; report in {out}", highlight=False)
