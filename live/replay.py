@@ -265,7 +265,7 @@ class _Replay:
     async def run(self, after_warmup: Callable[[], None] | None = None) -> None:
         # vLLM closes idle connections after 5 s; reusing one just then fails the request.
         limits = httpx.Limits(
-            max_connections=None, max_keepalive_connections=64, keepalive_expiry=2.0
+            max_connections=None, max_keepalive_connections=64, keepalive_expiry=4.0
         )
         async with httpx.AsyncClient(limits=limits, timeout=None) as client:
             await self._warm_up(client)

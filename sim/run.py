@@ -65,6 +65,7 @@ from sim.workload import (
     MultiTurn,
     PrefixStructure,
     SharedPrefix,
+    content_salt,
     generate_requests,
     requests_from_trace,
 )
@@ -156,7 +157,10 @@ def build_requests(workload: WorkloadSpec, seed_sequence: np.random.SeedSequence
                 "(use workload.trace.time_scale to replay it faster or slower)"
             )
         requests = requests_from_trace(
-            trace, time_scale=workload.trace.time_scale, arrival_times_s=times
+            trace,
+            time_scale=workload.trace.time_scale,
+            arrival_times_s=times,
+            salt=content_salt(seed_sequence),
         )
         if workload.duration_s is not None:
             requests = [r for r in requests if r.arrival_s < workload.duration_s]

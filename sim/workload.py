@@ -49,8 +49,18 @@ class MultiTurn:
 PrefixStructure = SharedPrefix | MultiTurn | None
 
 
-def _unique(request_id: int, part: int) -> int:
-    return source_id(SourceNamespace.UNIQUE, request_id, part)
+def _unique(salt: int, request_id: int, part: int) -> int:
+    return source_id(SourceNamespace.UNIQUE, salt, request_id, part)
+
+
+def content_salt(seed_sequence: np.random.SeedSequence) -> int:
+    """A number that makes one workload's token content differ from another's.
+
+    Without it, request 0 of every workload would carry the same tokens, and a long-lived server
+    would hit blocks cached by an earlier, unrelated run. Two workloads with the same seed share
+    content, as they should.
+    """
+    return int(seed_sequence.generate_state(1, np.uint64)[0])
 
 
 def generate_requests(
@@ -69,6 +79,7 @@ def generate_requests(
     :class:`MultiTurn`, it is the new user text of each turn.
     """
     arrival_seq, prompt_seq, output_seq, prefix_seq = seed_sequence.spawn(4)
+    salt = content_salt(seed_sequence)
     arrival_rng = np.random.default_rng(arrival_seq)
     if isinstance(prefix, MultiTurn):
         return _multi_turn(
@@ -80,6 +91,7 @@ def generate_requests(
             prompt_tokens,
             output_tokens,
             prefix,
+            salt=salt,
             num_requests=num_requests,
             duration_s=duration_s,
         )
@@ -99,11 +111,11 @@ def generate_requests(
         group = int(groups[i])
         segments: tuple[Segment, ...]
         if group >= 0 and isinstance(prefix, SharedPrefix):
-            system = (source_id(SourceNamespace.SYSTEM_PROMPT, group), prefix.prefix_tokens)
-            segments = (system, (_unique(i, 0), user))
+            system = (source_id(SourceNamespace.SYSTEM_PROMPT, salt, group), prefix.prefix_tokens)
+            segments = (system, (_unique(salt, i, 0), user))
             total = prefix.prefix_tokens + user
         else:
-            segments = ((_unique(i, 0), user),)
+            segments = ((_unique(salt, i, 0), user),)
             total = user
         requests.append(
             Request(
@@ -112,7 +124,7 @@ def generate_requests(
                 prompt_tokens=total,
                 output_tokens=int(outputs[i]),
                 segments=segments,
-                output_source_id=_unique(i, 1),
+                output_source_id=_unique(salt, i, 1),
                 prefix_group=group,
             )
         )
@@ -129,6 +141,7 @@ def _multi_turn(
     output_tokens: LengthDistribution,
     spec: MultiTurn,
     *,
+    salt: int,
     num_requests: int | None,
     duration_s: float | None,
 ) -> list[Request]:
@@ -142,7 +155,7 @@ def _multi_turn(
     turns = spec.turns.sample(session_rng, len(starts))
     system: tuple[Segment, ...] = ()
     if spec.system_prompt_tokens:
-        system = ((source_id(SourceNamespace.SYSTEM_PROMPT, 0), spec.system_prompt_tokens),)
+        system = ((source_id(SourceNamespace.SYSTEM_PROMPT, salt, 0), spec.system_prompt_tokens),)
 
     @dataclass
     class Draft:
@@ -165,8 +178,8 @@ def _multi_turn(
                 break
             user = int(prompt_tokens.sample(prompt_rng, 1)[0])
             output = int(output_tokens.sample(output_rng, 1)[0])
-            output_source = source_id(SourceNamespace.SESSION, session, turn, 1)
-            history.append((source_id(SourceNamespace.SESSION, session, turn, 0), user))
+            output_source = source_id(SourceNamespace.SESSION, salt, session, turn, 1)
+            history.append((source_id(SourceNamespace.SESSION, salt, session, turn, 0), user))
             drafts.append(
                 Draft(earliest, session, turn, think, tuple(history), output, output_source)
             )
@@ -200,6 +213,7 @@ def requests_from_trace(
     *,
     time_scale: float = 1.0,
     arrival_times_s: np.ndarray | None = None,
+    salt: int = 0,
 ) -> list[Request]:
     """Requests replaying a trace: its arrivals × ``time_scale`` (or ``arrival_times_s`` for a
     length-only trace), its lengths, and its prefix structure where it has one.
@@ -211,7 +225,10 @@ def requests_from_trace(
     requests = []
     for i in range(n):
         prompt = int(trace.prompt_tokens[i])
-        segments = trace.segments[i] if trace.segments is not None else ((_unique(i, 0), prompt),)
+        if trace.segments is not None:
+            segments = trace.segments[i]
+        else:
+            segments = ((_unique(salt, i, 0), prompt),)
         session = int(trace.session_ids[i]) if trace.session_ids is not None else -1
         requests.append(
             Request(
@@ -220,7 +237,7 @@ def requests_from_trace(
                 prompt_tokens=prompt,
                 output_tokens=int(trace.output_tokens[i]),
                 segments=tuple(segments),
-                output_source_id=_unique(i, 1),
+                output_source_id=_unique(salt, i, 1),
                 session_id=session,
             )
         )

@@ -314,3 +314,13 @@ def test_rejected_requests_count_against_the_slo() -> None:
     assert summary["ttft_s"]["p99"] < 10
     assert summary["slo"]["met"] is False
     assert summary["slo"]["ttft_at_percentile_s"] is None  # the p90 request never completed
+
+
+def test_workloads_with_different_seeds_share_no_content() -> None:
+    data = system_prompt_scenario(True, num_requests=5)
+    same = [build(parse_scenario(data)).requests for _ in range(2)]
+    other = build(parse_scenario({**data, "seed": 99})).requests
+    # A long-lived server must not hit blocks an unrelated earlier run cached.
+    sources = {source for r in other for source, _ in r.segments}
+    assert not sources & {source for r in same[0] for source, _ in r.segments}
+    assert [r.segments for r in same[0]] == [r.segments for r in same[1]]

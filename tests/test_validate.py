@@ -48,3 +48,10 @@ def test_cdf_plot_is_written(tmp_path: Path) -> None:
     path = cdf_figure_html(records, records, tmp_path / "cdf.html")
     html = path.read_text()
     assert "TTFT (s)" in html and "plotly" in html.lower()
+
+
+def test_only_the_chosen_statistics_are_enforced() -> None:
+    live, sim = summaries()
+    sim["ttft_s"]["p90"] = live["ttft_s"]["p90"] * 2
+    assert not compare(live, sim, Thresholds(relative=0.5)).passed
+    assert compare(live, sim, Thresholds(relative=0.5, statistics=("mean",))).passed

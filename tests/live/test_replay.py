@@ -99,11 +99,14 @@ def test_replay_records_every_request_and_agrees_with_the_server(
     assert delta is not None
     assert delta.prompt_tokens == sum(r.prompt_tokens for r in requests)
     assert delta.generation_tokens == sum(r.output_tokens for r in requests)
-    # Client-side TTFT includes HTTP and detokenisation: at most a little above the server's.
+    # Client-side TTFT adds HTTP, request parsing before vLLM stamps the arrival, and streaming
+    # the first token back. On a quiet machine that is a few ms (within 15%); on CI's two cores
+    # vLLM's front end shares a core with this client and it reaches ~20 ms, hence the floor.
     client_ttft = float(records["ttft_s"].mean())
     server_ttft = delta.ttft.mean
     print(f"client TTFT mean {client_ttft * 1e3:.1f} ms, server {server_ttft * 1e3:.1f} ms")
-    assert server_ttft == pytest.approx(client_ttft, rel=0.15)
+    assert server_ttft <= client_ttft
+    assert client_ttft - server_ttft <= max(0.15 * client_ttft, 0.025)
     # The prefix-cache hit rate the workload implies is what the server counted.
     order = records.sort_values("arrival_s")["request_id"].tolist()
     implied = implied_hit_rate(requests, order)

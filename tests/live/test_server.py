@@ -260,8 +260,14 @@ def test_streamed_completions_show_up_in_the_metrics(real_server: VLLMServer) ->
         "prompt_tokens": len(PROMPT),
         "completion_tokens": MAX_TOKENS,
         "total_tokens": len(PROMPT) + MAX_TOKENS,
+        # The server runs with --enable-prompt-tokens-details: a fresh prompt has no hits.
+        "prompt_tokens_details": {"cached_tokens": 0},
     }
-    second, _ = stream_completion(real_server.url, PROMPT, MAX_TOKENS)
+    second, second_usage = stream_completion(real_server.url, PROMPT, MAX_TOKENS)
+    # The same prompt again: its full blocks come from the prefix cache, and usage says so.
+    block = real_server.engine.block_size
+    expected_cached = (len(PROMPT) - 1) // block * block
+    assert second_usage["prompt_tokens_details"] == {"cached_tokens": expected_cached}
     assert len(second) == MAX_TOKENS
     deadline = time.monotonic() + 10
     while True:  # the engine's stats may trail the last streamed chunk a little
