@@ -154,12 +154,26 @@ class _WaitingQueue:
         return self._deque.popleft() if self.policy == "fcfs" else heapq.heappop(self._heap)[3]
 
 
-class _TokenEmitter:
-    """Shared step completion: advance computed tokens, emit tokens, finish requests."""
+class _SchedulerBase:
+    """What both policies share: the waiting queue, and step completion (advance computed
+    tokens, emit tokens, finish requests).
+    """
 
-    kv: KVCacheManager
-    config: SchedulerConfig
-    itl_samples: array[float]
+    def __init__(self, config: SchedulerConfig, kv: KVCacheManager) -> None:
+        self.config = config
+        self.kv = kv
+        self.waiting = _WaitingQueue(config.policy)
+        self.itl_samples: array[float] = array("d")
+        self.num_preemptions = 0
+
+    @property
+    def num_waiting(self) -> int:
+        """Requests waiting to be admitted (including preempted ones)."""
+        return len(self.waiting)
+
+    def add(self, seq: Sequence) -> None:
+        """Queue a newly arrived request at the back (or by priority)."""
+        self.waiting.push(seq)
 
     def _advance(self, seq: Sequence, num_new_tokens: int, now: float) -> bool:
         """Count a step's tokens for ``seq``; emit a token if it caught up. True if it finished."""
@@ -212,30 +226,17 @@ def _shape(
     )
 
 
-class ContinuousBatchScheduler(_TokenEmitter):
+class ContinuousBatchScheduler(_SchedulerBase):
     """vLLM-v1-style continuous batching with chunked prefill and preemption by recompute."""
 
     def __init__(self, config: SchedulerConfig, kv: KVCacheManager) -> None:
-        self.config = config
-        self.kv = kv
-        self.waiting = _WaitingQueue(config.policy)
+        super().__init__(config, kv)
         self.running: list[Sequence] = []
-        self.itl_samples: array[float] = array("d")
-        self.num_preemptions = 0
-
-    @property
-    def num_waiting(self) -> int:
-        """Requests waiting to be admitted (including preempted ones)."""
-        return len(self.waiting)
 
     @property
     def num_running(self) -> int:
         """Requests holding KV blocks."""
         return len(self.running)
-
-    def add(self, seq: Sequence) -> None:
-        """Queue a newly arrived request at the back (or by priority)."""
-        self.waiting.push(seq)
 
     def wake_time(self, now: float) -> float | None:
         """Continuous batching never waits on a timer."""
@@ -338,31 +339,18 @@ class ContinuousBatchScheduler(_TokenEmitter):
         return finished
 
 
-class StaticBatchScheduler(_TokenEmitter):
+class StaticBatchScheduler(_SchedulerBase):
     """Static batching (``batch_window_s == 0``) or dynamic time-window batching (``> 0``)."""
 
     def __init__(self, config: SchedulerConfig, kv: KVCacheManager, batch_window_s: float = 0.0):
-        self.config = config
-        self.kv = kv
+        super().__init__(config, kv)
         self.batch_window_s = batch_window_s
-        self.waiting = _WaitingQueue(config.policy)
         self.batch: list[Sequence] = []
-        self.itl_samples: array[float] = array("d")
-        self.num_preemptions = 0
-
-    @property
-    def num_waiting(self) -> int:
-        """Requests waiting for the next batch."""
-        return len(self.waiting)
 
     @property
     def num_running(self) -> int:
         """Members of the current batch, finished ones included (they hold their slot)."""
         return len(self.batch)
-
-    def add(self, seq: Sequence) -> None:
-        """Queue a request for a later batch."""
-        self.waiting.push(seq)
 
     def wake_time(self, now: float) -> float | None:
         """With a window, the moment the oldest waiting request's window closes."""
