@@ -29,7 +29,7 @@ import numpy as np
 
 from live.client import StreamResult, base_url, stream_completion
 from live.tokens import PromptTokens
-from sim.request import Record, Request, RequestStatus
+from sim.request import Record, Request, RequestStatus, later_turns
 
 
 class LoadGeneratorLagWarning(UserWarning):
@@ -121,18 +121,7 @@ class _Replay:
         self.records: dict[int, Record] = {}
         self.lags: list[float] = []
         self.outputs: dict[int, list[int]] = {}  # output source id -> generated token ids
-        self.children: dict[int, list[Request]] = {}
-        ids = {r.request_id for r in self.requests}
-        if len(ids) != len(self.requests):
-            raise ValueError("requests: request ids must be unique")
-        for request in self.requests:
-            if request.parent_id >= 0:
-                if request.parent_id not in ids:
-                    raise ValueError(
-                        f"requests: request {request.request_id} follows request "
-                        f"{request.parent_id}, which is not in the list"
-                    )
-                self.children.setdefault(request.parent_id, []).append(request)
+        self.children = later_turns(self.requests)
         self.tasks: set[asyncio.Task[None]] = set()
         self.done = asyncio.Event()
         self.connection_errors = 0

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import IntEnum, StrEnum
 
@@ -98,6 +99,28 @@ def block_keys(
         parent = hash((parent, *pieces))
         keys.append(parent)
     return keys
+
+
+def later_turns(requests: Sequence[Request]) -> dict[int, list[Request]]:
+    """Parent request id → the requests released when it finishes (later session turns).
+
+    Raises ValueError for duplicate ids or a parent missing from ``requests``: such a request
+    would never be released, and a run waiting for every request to end would never end.
+    """
+    ids = {r.request_id for r in requests}
+    if len(ids) != len(requests):
+        raise ValueError("requests: request ids must be unique")
+    children: dict[int, list[Request]] = {}
+    for request in requests:
+        if request.parent_id < 0:
+            continue
+        if request.parent_id not in ids:
+            raise ValueError(
+                f"requests: request {request.request_id} follows request "
+                f"{request.parent_id}, which is not in the list"
+            )
+        children.setdefault(request.parent_id, []).append(request)
+    return children
 
 
 def sequence_segments(request: Request) -> list[Segment]:

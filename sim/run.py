@@ -41,7 +41,7 @@ from sim.metrics import (
 )
 from sim.models import ModelArch
 from sim.replica import Replica
-from sim.request import Record, Request, RequestStatus
+from sim.request import Record, Request, RequestStatus, later_turns
 from sim.scenario import (
     ArrivalSpec,
     ConstantLatencySpec,
@@ -375,10 +375,7 @@ class Simulation:
         ]
         self.records = records
         record_of = {r.request_id: record for r, record in zip(self.requests, records, strict=True)}
-        children: dict[int, list[Request]] = {}
-        for request in self.requests:
-            if request.parent_id >= 0:
-                children.setdefault(request.parent_id, []).append(request)
+        children = later_turns(self.requests)
         roots = sorted((r for r in self.requests if r.parent_id < 0), key=lambda r: r.arrival_s)
         total = len(records)
         all_done = env.event()
