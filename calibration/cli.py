@@ -10,26 +10,11 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from live.cli import scenario_server
-from sim.scenario import ProfileLatencySpec, Scenario, ScenarioError, load_scenario
-
-stderr = Console(stderr=True)
-
-
-def _fail(message: str, code: int = 2) -> None:
-    stderr.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
-    raise typer.Exit(code=code)
-
-
-def _load(path: Path) -> Scenario:
-    try:
-        return load_scenario(path)
-    except ScenarioError as exc:
-        stderr.print(str(exc), highlight=False, soft_wrap=True, markup=False)
-        raise typer.Exit(code=2) from None
+from sim.console import fail, load_or_exit, stderr
+from sim.scenario import ProfileLatencySpec, Scenario
 
 
 def calibrate(
@@ -55,18 +40,18 @@ def calibrate(
     With --operators, fit public operator timing tables for the scenario's model, GPU and TP.
     """
     if operators is not None:
-        _calibrate_from_operators(_load(scenario_path), operators, data_dir, out)
+        _calibrate_from_operators(load_or_exit(scenario_path), operators, data_dir, out)
         return
     from calibration.fit import fit_steps
     from calibration.measure import MeasurementPlan, measure, parse_budget
-    from calibration.profile import SCHEMA_VERSION, EngineInfo, Profile, now_iso
+    from calibration.profile import EngineInfo, fitted_profile
     from live.tokens import PromptTokens
 
-    scenario = _load(scenario_path)
+    scenario = load_or_exit(scenario_path)
     try:
         budget_s = parse_budget(budget)
     except ValueError as exc:
-        _fail(f"--budget: {exc}")
+        fail(f"--budget: {exc}")
     engine = scenario.engine
     model_arch = scenario.resolve_model()
     plan = MeasurementPlan.for_budget(
@@ -105,17 +90,11 @@ def calibrate(
             )
         version = _server_version(base_url)
     coefficients, report = fit_steps(measurement.observations)
-    profile = Profile(
-        schema_version=SCHEMA_VERSION,
-        model=model_arch.name,
-        hardware=scenario.resolve_gpu().name,
-        tensor_parallel_size=engine.tensor_parallel_size,
-        dtype=scenario.dtype,
+    profile = fitted_profile(
+        scenario,
+        coefficients,
+        report,
         engine=EngineInfo(name="vllm", version=version),
-        engine_knobs=engine.model_dump(mode="json"),
-        created=now_iso(),
-        coefficients=coefficients,
-        fit=report,
         data_summary={
             "source": "live measurement",
             "url": base_url,
@@ -150,7 +129,7 @@ def _calibrate_from_operators(scenario: Scenario, source: str, data_dir: Path, o
             dtype=scenario.dtype,
         )
     except (ValueError, OSError) as exc:
-        _fail(f"--operators: {exc}")
+        fail(f"--operators: {exc}")
     profile.save(out)
     report = profile.fit
     stderr.print(
@@ -200,14 +179,14 @@ def validate(
     from live.tokens import PromptTokens
     from sim.run import build
 
-    scenario = _load(scenario_path)
+    scenario = load_or_exit(scenario_path)
     scenario = scenario.model_copy(
         update={"latency": ProfileLatencySpec(type="profile", path=str(profile))}
     )
     try:
         simulated = build(scenario).run()
     except ValueError as exc:
-        _fail(str(exc))
+        fail(str(exc))
     out.mkdir(parents=True, exist_ok=True)
     with scenario_server(scenario, url, launch, model, out / "server.log") as (
         base_url,

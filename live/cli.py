@@ -6,38 +6,23 @@ from __future__ import annotations
 
 import contextlib
 import json
-import math
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
 
-from sim.scenario import Scenario, ScenarioError, default_scenario, load_scenario
+from sim.console import fail, load_or_exit, milliseconds, stderr
+from sim.scenario import Scenario
 
 app = typer.Typer(
     help="Run workloads against a real vLLM server and record them in servesim's schema.",
     no_args_is_help=True,
     pretty_exceptions_enable=False,
 )
-stderr = Console(stderr=True)
 
 #: The catalogue name of the model `servesim live tiny-model` writes.
 TINY_MODEL = "servesim-tiny-llama"
-
-
-def _fail(message: str) -> None:
-    stderr.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True, markup=True)
-    raise typer.Exit(code=2)
-
-
-def _load(path: Path | None) -> Scenario:
-    try:
-        return default_scenario() if path is None else load_scenario(path)
-    except ScenarioError as exc:
-        stderr.print(str(exc), highlight=False, soft_wrap=True, markup=False)
-        raise typer.Exit(code=2) from None
 
 
 def vocab_size_of(model: str | None, vocab_size: int | None) -> int:
@@ -50,12 +35,11 @@ def vocab_size_of(model: str | None, vocab_size: int | None) -> int:
             try:
                 return int(json.loads(config.read_text())["vocab_size"])
             except (KeyError, ValueError, TypeError) as exc:
-                _fail(f"--model: cannot read vocab_size from {config}: {exc}")
-    _fail(
+                fail(f"--model: cannot read vocab_size from {config}: {exc}")
+    fail(
         "--vocab-size: give the model's vocabulary size (or --model pointing at a local model "
         "directory) so prompts are made of valid token ids"
     )
-    raise AssertionError  # unreachable: _fail exits
 
 
 @contextlib.contextmanager
@@ -74,10 +58,10 @@ def scenario_server(
     from live.server import EndpointError, ServerStartError, VLLMServer, attach, dtype_args
 
     if (url is None) == (not launch):
-        _fail("give exactly one of --url URL or --launch")
+        fail("give exactly one of --url URL or --launch")
     if launch and model is None:
         if scenario.model != TINY_MODEL:
-            _fail(
+            fail(
                 f"--model: give the model to launch for {scenario.model} (a local path or a "
                 f"Hugging Face id); without it only model: {TINY_MODEL} launches on its own"
             )
@@ -90,7 +74,7 @@ def scenario_server(
         try:
             yield url, attach(url), vocab
         except EndpointError as exc:
-            _fail(str(exc))
+            fail(str(exc))
         return
     assert model is not None
     try:
@@ -101,7 +85,7 @@ def scenario_server(
         stderr.print(f"starting vLLM ({model}); log: {log_path}", highlight=False)
         server.start()
     except (ServerStartError, ValueError) as exc:
-        _fail(str(exc))
+        fail(str(exc))
     try:
         yield server.url, server.model_name, vocab
     finally:
@@ -149,12 +133,12 @@ def run_command(
     from live.tokens import PromptTokens
 
     if endpoint not in ("completions", "chat"):
-        _fail(f"--endpoint: must be completions or chat, got {endpoint!r}")
+        fail(f"--endpoint: must be completions or chat, got {endpoint!r}")
     if fmt not in ("parquet", "csv"):
-        _fail(f"--format: must be parquet or csv, got {fmt!r}")
+        fail(f"--format: must be parquet or csv, got {fmt!r}")
     if max_concurrency is not None and max_concurrency < 1:
-        _fail(f"--max-concurrency: must be >= 1, got {max_concurrency}")
-    scenario = _load(scenario_path)
+        fail(f"--max-concurrency: must be >= 1, got {max_concurrency}")
+    scenario = load_or_exit(scenario_path)
     options = ReplayOptions(
         max_concurrency=max_concurrency,
         warmup_requests=warmup,
@@ -173,7 +157,7 @@ def run_command(
             stderr.print(f"replaying {scenario.name} against {target.base_url}", highlight=False)
             result = run_live(scenario, target, PromptTokens(vocab), out_dir=out, options=options)
     except ReplayError as exc:
-        _fail(str(exc))
+        fail(str(exc))
     except KeyboardInterrupt:
         stderr.print(f"interrupted; every record so far is in {out / 'records.jsonl'}")
         raise typer.Exit(code=130) from None
@@ -182,18 +166,16 @@ def run_command(
     summary = result.summary
     ttft = summary["ttft_s"]
     statuses = ", ".join(f"{k} {v}" for k, v in summary["requests"].items() if k != "total" and v)
+    ttft_p50, ttft_p90 = (milliseconds(ttft[k], ".1f") for k in ("p50", "p90"))
+    tpot_p50 = milliseconds(summary["tpot_s"]["p50"], ".1f")
     typer.echo(
-        f"{summary['requests']['total']} requests ({statuses}); TTFT p50 "
-        f"{_ms(ttft['p50'])} p90 {_ms(ttft['p90'])} ms; TPOT p50 {_ms(summary['tpot_s']['p50'])} "
-        f"ms; prefix-cache hit rate {summary['prefix_cache']['hit_rate']:.1%}"
+        f"{summary['requests']['total']} requests ({statuses}); TTFT p50 {ttft_p50} p90 "
+        f"{ttft_p90} ms; TPOT p50 {tpot_p50} ms; prefix-cache hit rate "
+        f"{summary['prefix_cache']['hit_rate']:.1%}"
     )
     if summary["live"]["interrupted"]:
         stderr.print(f"[bold red]run interrupted:[/] {summary['live']['reason']}")
         raise typer.Exit(code=1)
-
-
-def _ms(value: float | None) -> str:
-    return "—" if value is None or math.isnan(value) else f"{value * 1e3:.1f}"
 
 
 @app.command("import")
@@ -208,7 +190,7 @@ def import_command(
     try:
         imported = import_records(path)
     except (BenchmarkImportError, OSError) as exc:
-        _fail(str(exc))
+        fail(str(exc))
     out.mkdir(parents=True, exist_ok=True)
     target = out / f"records.{'csv' if fmt == 'csv' else 'parquet'}"
     if fmt == "csv":

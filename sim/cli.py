@@ -6,7 +6,6 @@ Bad input ends with one line per problem on stderr and exit code 2, never a trac
 from __future__ import annotations
 
 import json
-import math
 import sys
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -16,16 +15,14 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from sim.console import fail, load_or_exit, milliseconds, stderr
 from sim.hardware import GPU_CATALOG, get_gpu
 from sim.latency import BatchShape, RooflineModel, kv_dtype_for, plan_memory, prefill_chunk_pairs
 from sim.models import MODEL_CATALOG, get_model
 from sim.run import build
 from sim.scenario import (
     Scenario,
-    ScenarioError,
-    default_scenario,
     default_scenario_text,
-    load_scenario,
 )
 
 app = typer.Typer(
@@ -35,24 +32,6 @@ app = typer.Typer(
     add_completion=False,
 )
 stdout = Console()
-stderr = Console(stderr=True)
-
-
-def _fail(message: str) -> None:
-    stderr.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
-    raise typer.Exit(code=2)
-
-
-def _load(path: Path | None) -> Scenario:
-    try:
-        return default_scenario() if path is None else load_scenario(path)
-    except ScenarioError as exc:
-        stderr.print(str(exc), highlight=False, soft_wrap=True, markup=False)
-        raise typer.Exit(code=2) from None
-
-
-def _ms(value: float | None) -> str:
-    return "—" if value is None or math.isnan(value) else f"{value * 1e3:,.1f}"
 
 
 def _print_summary(scenario: Scenario, summary: dict[str, Any]) -> None:
@@ -68,7 +47,7 @@ def _print_summary(scenario: Scenario, summary: dict[str, Any]) -> None:
         ("queue_s", "queueing"),
     ):
         row = summary[key]
-        table.add_row(label, *(_ms(row[c]) for c in ("mean", "p50", "p90", "p95", "p99")))
+        table.add_row(label, *(milliseconds(row[c]) for c in ("mean", "p50", "p90", "p95", "p99")))
     stdout.print(table)
 
     slo = summary["slo"]
@@ -82,10 +61,12 @@ def _print_summary(scenario: Scenario, summary: dict[str, Any]) -> None:
     facts.add_row("total tokens/s", f"{throughput['total_tokens_per_s']:,.0f}")
     pct = f"p{slo['percentile']:g}"
     facts.add_row(
-        f"SLO TTFT {pct} ≤ {_ms(slo['ttft_target_s'])} ms", f"{_ms(slo['ttft_at_percentile_s'])} ms"
+        f"SLO TTFT {pct} ≤ {milliseconds(slo['ttft_target_s'])} ms",
+        f"{milliseconds(slo['ttft_at_percentile_s'])} ms",
     )
     facts.add_row(
-        f"SLO TPOT {pct} ≤ {_ms(slo['tpot_target_s'])} ms", f"{_ms(slo['tpot_at_percentile_s'])} ms"
+        f"SLO TPOT {pct} ≤ {milliseconds(slo['tpot_target_s'])} ms",
+        f"{milliseconds(slo['tpot_at_percentile_s'])} ms",
     )
     facts.add_row("SLO met", "yes" if slo["met"] else "[bold red]no[/]")
     attainment = summary["goodput"]["slo_attainment"]
@@ -118,14 +99,14 @@ def run(
 ) -> None:
     """Simulate a scenario and print TTFT/TPOT/E2E percentiles, throughput, goodput, hit rate."""
     if fmt not in ("parquet", "csv"):
-        _fail(f"--format: must be parquet or csv, got {fmt!r}")
-    scenario = _load(scenario_path)
+        fail(f"--format: must be parquet or csv, got {fmt!r}")
+    scenario = load_or_exit(scenario_path)
     if seed is not None:
         scenario = scenario.model_copy(update={"seed": seed})
     try:
         simulation = build(scenario)
     except ValueError as exc:
-        _fail(str(exc))
+        fail(str(exc))
     with Progress(
         TextColumn("simulating"),
         BarColumn(),
@@ -175,7 +156,7 @@ def inspect(
         )
         roofline = RooflineModel(arch, device, dtype=dtype, kv_dtype=kv, tensor_parallel_size=tp)
     except ValueError as exc:
-        _fail(str(exc))
+        fail(str(exc))
     facts = Table(show_header=False, title=f"{arch.name} on {tp}× {device.name} ({dtype})")
     facts.add_column("what")
     facts.add_column("value", justify="right")
@@ -212,11 +193,11 @@ def inspect(
 @app.command()
 def check(scenario_path: Annotated[Path, typer.Argument(metavar="SCENARIO")]) -> None:
     """Check a scenario file and report every problem, one line each."""
-    scenario = _load(scenario_path)
+    scenario = load_or_exit(scenario_path)
     try:
         build(scenario)
     except ValueError as exc:
-        _fail(str(exc))
+        fail(str(exc))
     stdout.print(f"{scenario_path}: ok")
 
 
