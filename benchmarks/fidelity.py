@@ -19,7 +19,7 @@ from typing import Any
 
 from calibration.fit import fit_steps
 from calibration.measure import MeasurementPlan, measure, parse_budget
-from calibration.profile import SCHEMA_VERSION, EngineInfo, Profile, now_iso
+from calibration.profile import EngineInfo, fitted_profile
 from calibration.validate import compare
 from live.replay import Target
 from live.run import run_live
@@ -86,14 +86,8 @@ def main() -> None:
         template = scenario(
             {"arrival": {"type": "poisson", "rate": 1}, **LENGTHS, "num_requests": 1}, None, 0
         )
-        profile_path = Profile(
-            schema_version=SCHEMA_VERSION,
-            model=template.resolve_model().name,
-            hardware=template.resolve_gpu().name,
-            engine=EngineInfo(name="vllm"),
-            created=now_iso(),
-            coefficients=coefficients,
-            fit=report,
+        profile_path = fitted_profile(
+            template, coefficients, report, engine=EngineInfo(name="vllm")
         ).save(work / "profile.json")
         capacity = capacity_rps(profile_path)
         n = args.requests

@@ -17,6 +17,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from sim.latency import CalibratedCoefficients
+from sim.scenario import Scenario
 
 SCHEMA_VERSION = 1
 
@@ -75,6 +76,30 @@ class Profile(BaseModel):
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(self.model_dump_json(indent=2) + "\n", encoding="utf-8")
         return path
+
+
+def fitted_profile(
+    scenario: Scenario,
+    coefficients: CalibratedCoefficients,
+    fit: FitReport,
+    *,
+    engine: EngineInfo | None = None,
+    data_summary: dict[str, Any] | None = None,
+) -> Profile:
+    """A profile for the setup a scenario describes (model, hardware, TP, dtype, engine knobs)."""
+    return Profile(
+        schema_version=SCHEMA_VERSION,
+        model=scenario.resolve_model().name,
+        hardware=scenario.resolve_gpu().name,
+        tensor_parallel_size=scenario.engine.tensor_parallel_size,
+        dtype=scenario.dtype,
+        engine=engine or EngineInfo(),
+        engine_knobs=scenario.engine.model_dump(mode="json"),
+        created=now_iso(),
+        coefficients=coefficients,
+        fit=fit,
+        data_summary=data_summary or {},
+    )
 
 
 def now_iso() -> str:

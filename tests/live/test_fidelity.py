@@ -13,7 +13,7 @@ import yaml
 
 from calibration.fit import fit_steps
 from calibration.measure import MeasurementPlan, measure
-from calibration.profile import SCHEMA_VERSION, EngineInfo, Profile, now_iso
+from calibration.profile import EngineInfo, fitted_profile
 from calibration.validate import Thresholds, compare, format_table
 from live.replay import Target
 from live.run import run_live
@@ -54,15 +54,7 @@ def test_calibrated_simulation_tracks_the_live_server(
         budget_s=40.0,
     )
     coefficients, report = fit_steps(measurement.observations)
-    profile = Profile(
-        schema_version=SCHEMA_VERSION,
-        model=scenario.resolve_model().name,
-        hardware=scenario.resolve_gpu().name,
-        engine=EngineInfo(name="vllm"),
-        created=now_iso(),
-        coefficients=coefficients,
-        fit=report,
-    )
+    profile = fitted_profile(scenario, coefficients, report, engine=EngineInfo(name="vllm"))
     path = profile.save(tmp_path / "profile.json")
 
     held_out = scenario.model_copy(
