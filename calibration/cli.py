@@ -5,6 +5,8 @@ how far the simulator's predictions are from what the server does on another wor
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import asdict
 from pathlib import Path
 from typing import Annotated, Any
@@ -27,20 +29,29 @@ def calibrate(
     operators: Annotated[
         str | None,
         typer.Option(
-            help="fit measured operator tables instead of a server: llmservingsim, "
-            "llmservingsim+kernel_bench, vidur, vidur+kernel_bench"
+            help="fit operator timings instead of a server: a public source (llmservingsim, "
+            "llmservingsim+kernel_bench, vidur, vidur+kernel_bench), 'torch' to time the "
+            "model's operators here with torch (GPU node), or a directory 'torch' wrote"
         ),
     ] = None,
+    device: Annotated[
+        str, typer.Option(help="with --operators torch: auto, cpu or cuda[:N]")
+    ] = "auto",
     data_dir: Annotated[
         Path, typer.Option(help="where the operator tables are (shared/data)")
     ] = Path("../shared/data"),
 ) -> None:
     """Measure a server (lone prefills, steady decode batches) and fit a latency profile.
 
-    With --operators, fit public operator timing tables for the scenario's model, GPU and TP.
+    With --operators, fit operator timing tables for the scenario's model, GPU and TP: public
+    ones from shared/data, or ones timed here with torch (written next to the profile).
     """
     if operators is not None:
-        _calibrate_from_operators(load_or_exit(scenario_path), operators, data_dir, out)
+        scenario = load_or_exit(scenario_path)
+        if operators == "torch" or Path(operators).is_dir():
+            _calibrate_from_torch(scenario, operators, device, out)
+        else:
+            _calibrate_from_operators(scenario, operators, data_dir, out)
         return
     from calibration.fit import fit_steps
     from calibration.measure import MeasurementPlan, measure, parse_budget
@@ -66,19 +77,7 @@ def calibrate(
         served,
         vocab,
     ):
-        with Progress(
-            TextColumn("{task.description}"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TimeElapsedColumn(),
-            console=stderr,
-            transient=True,
-        ) as bar:
-            task = bar.add_task("measuring", total=None)
-
-            def progress(done: int, total: int, what: str) -> None:
-                bar.update(task, completed=done, total=total, description=f"measuring {what}")
-
+        with _progress_bar("measuring") as progress:
             measurement = measure(
                 base_url,
                 served,
@@ -113,23 +112,72 @@ def calibrate(
 
 
 def _calibrate_from_operators(scenario: Scenario, source: str, data_dir: Path, out: Path) -> None:
-    from calibration.operators import canonical_batches, compare_with_roofline, operator_profile
-    from sim.latency import RooflineModel
+    from calibration.operator_tables import operator_profile
 
     model = scenario.resolve_model()
     gpu = scenario.resolve_gpu()
-    tp = scenario.engine.tensor_parallel_size
     try:
         profile = operator_profile(
             source,
             model=model.name,
             hardware=gpu.name,
-            tensor_parallel_size=tp,
+            tensor_parallel_size=scenario.engine.tensor_parallel_size,
             data_dir=data_dir,
             dtype=scenario.dtype,
         )
     except (ValueError, OSError) as exc:
         fail(f"--operators: {exc}")
+    _save_and_compare(scenario, profile, out, source)
+
+
+def _calibrate_from_torch(scenario: Scenario, operators: str, device: str, out: Path) -> None:
+    """Time the operators with torch (``operators == 'torch'``) or read tables it wrote."""
+    from calibration.operator_tables import profiled_profile
+    from calibration.operators import check_tables_match, profile_operators, read_tables
+
+    model = scenario.resolve_model()
+    tp = scenario.engine.tensor_parallel_size
+    try:
+        if operators == "torch":
+            try:
+                import torch  # noqa: F401
+            except ImportError:
+                fail("--operators torch: torch is not installed; pip install 'servesim[live]'")
+            tables_dir = out.with_name(out.stem + ".operators")
+            with _progress_bar("profiling") as update:
+                tables = profile_operators(
+                    model,
+                    tensor_parallel_size=tp,
+                    dtype=scenario.dtype,
+                    device=device,
+                    progress=update,
+                )
+            tables.write(tables_dir)
+            stderr.print(f"wrote operator tables to {tables_dir}", highlight=False)
+        else:
+            tables_dir = Path(operators)
+            tables = read_tables(tables_dir)
+            check_tables_match(tables, model, tp)
+        profile = profiled_profile(
+            tables, hardware=scenario.resolve_gpu().name, source=str(tables_dir)
+        )
+    except ValueError as exc:
+        fail(f"--operators: {exc}")
+    if tables.meta.get("device") == "cpu" and "cpu" not in profile.hardware.lower():
+        stderr.print(
+            f"warning: the operators were timed on a CPU, but the profile is for "
+            f"{profile.hardware}; its step times are the CPU's",
+            highlight=False,
+        )
+    _save_and_compare(scenario, profile, out, "the torch operator profiler")
+
+
+def _save_and_compare(scenario: Scenario, profile: Any, out: Path, source: str) -> None:
+    """Write the profile and print its step times next to the roofline's."""
+    from calibration.operator_tables import canonical_batches, compare_with_roofline
+    from sim.latency import RooflineModel
+
+    out.parent.mkdir(parents=True, exist_ok=True)
     profile.save(out)
     report = profile.fit
     stderr.print(
@@ -137,12 +185,35 @@ def _calibrate_from_operators(scenario: Scenario, source: str, data_dir: Path, o
         f"{report.relative_error_mean:.1%}, p90 {report.relative_error_p90:.1%}",
         highlight=False,
     )
-    roofline = RooflineModel(model, gpu, dtype=scenario.dtype, tensor_parallel_size=tp)
+    roofline = RooflineModel(
+        scenario.resolve_model(),
+        scenario.resolve_gpu(),
+        dtype=scenario.dtype,
+        tensor_parallel_size=scenario.engine.tensor_parallel_size,
+    )
     for row in compare_with_roofline(profile, roofline, canonical_batches()):
         typer.echo(
             f"{row['batch']:<28} profile {row['profile_ms']:8.2f} ms   roofline "
             f"{row['roofline_ms']:8.2f} ms   ratio {row['ratio']:.2f}"
         )
+
+
+@contextmanager
+def _progress_bar(what: str) -> Iterator[Callable[[int, int, str], None]]:
+    with Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=stderr,
+        transient=True,
+    ) as bar:
+        task = bar.add_task(what, total=None)
+
+        def update(done: int, total: int, detail: str) -> None:
+            bar.update(task, completed=done, total=total, description=f"{what} {detail}")
+
+        yield update
 
 
 def _count_kinds(observations: list[Any]) -> dict[str, int]:

@@ -1,484 +1,379 @@
-"""Calibration from public operator timing tables: step times without a serving engine.
+"""Operator profiler: time one decoder layer's operators with torch, without a serving engine.
 
-The tables in ``shared/data`` (see its SOURCES.md) are summed into step-time
-:class:`~calibration.observations.Observation` s and fitted with :func:`calibration.fit.fit_steps`.
-What the tables turned out to mean, and what each source therefore can and cannot say:
+For a GPU node where no vLLM can be launched (or before one is), this builds the modules of one
+decoder layer of the scenario's model at its per-GPU shapes — heads, KV heads and the MLP split
+over ``tensor_parallel_size`` as vLLM shards them — with random weights, and times each with
+CUDA events (``time.perf_counter`` around a synchronised call on the CPU). It writes the same two
+tables :mod:`calibration.operator_tables` reads from the public sources, so one reader and one
+fit serve both:
 
-``llmservingsim`` — ``llmservingsim_profiles/H100/meta-llama/<model>/tp<N>/layers.csv``
-    LLMServingSim v0's PyTorch-profiler sweep (``profiler/v0``, casys-kaist/LLMServingSim) of a
-    Hugging Face transformers model in eager mode on an H100. Each row is the average device time
-    (ns) of one named module per forward pass of *one* decoder layer: ``input`` is the number of
-    tokens of a single sequence fed at once (``input_ids`` of shape ``(1, input)``) and
-    ``kv_cache`` the length of a pre-filled KV cache. The shipped H100 files hold only the
-    *prefill sweep* (``input`` 1..2048, ``kv_cache`` always 0); the decode sweep (input 1,
-    growing cache) is absent. ``attn`` is ``F.scaled_dot_product_attention`` (causal, the whole
-    sequence); ``lm_head`` runs over all ``input`` positions, as transformers computes logits for
-    every position; ``embedding``, ``final_layernorm`` and ``lm_head`` run once per forward, the
-    other twelve modules once per layer. There are no communication rows: the TP>1 files time
-    one GPU's shard (q_proj, gate/up/down halve with TP) and leave the all-reduces out. A step
-    here is ``embedding + num_layers × Σ per-layer modules + final_layernorm + lm_head(rows that
-    sample)``, with ``lm_head`` read at the number of sampled rows (1 for a prefill, as vLLM
-    computes logits only for the last token). This source gives prefill steps only, so its fit
-    cannot identify the decode terms.
+``layers.csv`` — LLMServingSim's columns ``layer_name,input,kv_cache,latency(ns)``
+    One row per module and token count: ``input`` tokens of one sequence at once (a prefill of
+    ``input`` tokens, or the linear layers of a decode step of ``input`` sequences, which see the
+    same ``(input, hidden)`` activation). Modules: embedding, input_layernorm, q/k/v_proj, rope,
+    attn (causal ``scaled_dot_product_attention`` over the whole sequence), o_proj,
+    post_layernorm, gate/up_proj, act_fn (SiLU × up), down_proj, final_layernorm, lm_head.
+    ``kv_cache`` is always 0 (the prefill sweep).
+``decode_attention.csv`` — the kernel benchmark's columns ``batch_size,kv_len,latency_us``
+    One layer's decode attention: ``batch_size`` queries of one token, each over ``kv_len``
+    cached keys and values (grouped-query, dense per-sequence tensors: the same bytes a paged
+    kernel reads when all sequences have the same length).
+``meta.json``
+    Model, shapes, TP, dtype, device name, torch version, repetitions and the date.
 
-``llmservingsim+kernel_bench`` — the above plus ``inference_sim_kernel_bench/mha/decode/h100``
-    The kernel benchmark times one layer's decode attention for ``batch_size`` sequences each
-    with ``kv_len`` cached tokens, for a head layout ``<q heads>-<kv heads>-<head dim>-tp<N>``
-    (heads per GPU = heads / N); ``latency_us`` per layer call (batch 128 × 1k context of
-    Llama-3-8B's 32-8-128 reads 537 MB in 199 µs, ~80 % of H100 bandwidth, so it is one layer).
-    A decode step of ``b`` sequences is the LLMServingSim non-attention modules at ``input = b``
-    (the linear layers see a ``(b, hidden)`` activation either way), ``lm_head`` at ``b`` rows,
-    plus ``num_layers ×`` the kernel table's decode attention at ``(b, kv_len)``. Points with
-    ``b`` up to 2,048 (the layer table's range) and ``kv_len`` up to 32,768 are used.
-
-``vidur`` — ``vidur/profiling/compute/{a100,h100}/meta-llama/<model>/mlp.csv``
-    Vidur's per-operator profiles (vLLM/Sarathi kernels) of one layer vs ``num_tokens`` and
-    ``num_tensor_parallel_workers``, times in ms (median used; duplicate token counts averaged):
-    embedding, the two RMSNorms, QKV projection (``attn_pre_proj``), rotary, output projection
-    (``attn_post_proj``), fused gate/up projection, activation, down projection and the residual
-    ``add``. Attention, the LM head, the final norm and TP all-reduces are *not* in these files
-    (Vidur keeps attention in attention.csv, which is not in shared/data, and communication in
-    network/). A step is ``emb + num_layers × (norms + projections + rope + mlp + 2 × add)``.
-    The observations' batches therefore carry no attention work (no pairs, no context), so the
-    attention coefficients are reported as unidentified: the profile is the non-attention part
-    of a step only.
-
-``vidur+kernel_bench`` — Vidur H100 non-attention ops plus the kernel benchmark's attention
-    Only where the attention shape matches exactly: Llama-2-7B (32-32-128) and Llama-2-70B
-    (64-8-128) on H100 (Vidur has no H100 Llama-3 profile; pairing Llama-2-7B's MLP with
-    Llama-3-8B's attention would describe a model that does not exist — use
-    ``llmservingsim+kernel_bench`` for Llama-3.1-8B on H100). Prefill steps exist only at the
-    sequence lengths both tables cover (1,024 and 4,096 tokens; the prefill attention table is
-    for a single sequence at full heads, so for TP>1 it is divided by TP, assuming the heads
-    split evenly). Decode steps: Vidur ops at ``b`` tokens (interpolated between measured token
-    counts) plus ``num_layers ×`` decode attention at ``(b, kv_len)``. The LM head is missing.
-
-All sources measured 16-bit weights (LLMServingSim v0 loads fp16, the kernel benchmark is bf16);
-fp16 and bf16 run at the same tensor-core rate. None includes the CPU-side scheduler, sampler
-or input preparation, so a fitted ``step_overhead_s`` is GPU-only and lower than a live server's.
+What it does not time: the all-reduces between TP shards (one GPU runs one shard here), the
+sampler, and the engine's CPU-side scheduling; a fitted ``step_overhead_s`` is GPU-only. Random
+weights time the same as trained ones (no data-dependent control flow in these kernels).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+import json
+import math
+import platform
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
 import pandas as pd
 
-from calibration.fit import fit_steps
-from calibration.observations import Observation
-from calibration.profile import SCHEMA_VERSION, EngineInfo, Profile, now_iso
-from sim.hardware import get_gpu
-from sim.latency import BatchShape, CalibratedModel, IterationTimeModel, prefill_chunk_pairs
-from sim.models import get_model
+from calibration.profile import now_iso
+from sim.models import ModelArch
 
-SOURCES: tuple[str, ...] = (
-    "llmservingsim",
-    "llmservingsim+kernel_bench",
-    "vidur",
-    "vidur+kernel_bench",
-)
+if TYPE_CHECKING:
+    import torch
 
-_LLMSERVINGSIM_DIR = Path("llmservingsim_profiles/H100/meta-llama")
-_VIDUR_DIR = Path("vidur/profiling/compute")
-_KERNEL_DIR = Path("inference_sim_kernel_bench/mha")
+LAYERS_FILE = "layers.csv"
+DECODE_FILE = "decode_attention.csv"
+META_FILE = "meta.json"
 
-#: Prefill lengths taken from the LLMServingSim sweep: 16..2048 tokens on a 1-2-3 geometric
-#: grid, so every octave weighs the same in the fit (tiny "prefills" are decode-like and rare).
-PREFILL_LENGTHS: tuple[int, ...] = tuple(
-    sorted({n for k in range(4, 12) for n in (2**k, 3 * 2 ** (k - 1))} | {2048})
-)
-#: Largest decode context taken from the kernel benchmark's decode table.
-MAX_DECODE_KV_LEN = 32_768
-
-#: The LLMServingSim modules that run once per decoder layer (its ``block_components``).
-_LAYER_MODULES = (
-    "input_layernorm",
-    "q_proj",
-    "k_proj",
-    "v_proj",
-    "rope",
-    "attn",
-    "o_proj",
-    "post_layernorm",
-    "gate_proj",
-    "up_proj",
-    "act_fn",
-    "down_proj",
-)
-#: Vidur's per-layer operators (each once per layer, ``add`` twice: two residual adds).
-_VIDUR_LAYER_OPS = {
-    "input_layernorm": 1,
-    "attn_pre_proj": 1,
-    "attn_rope": 1,
-    "attn_post_proj": 1,
-    "post_attention_layernorm": 1,
-    "mlp_up_proj": 1,
-    "mlp_act": 1,
-    "mlp_down_proj": 1,
-    "add": 2,
-}
-#: Layers and attention heads of the Vidur-profiled models (their Hugging Face config.json:
-#: num_hidden_layers, num_attention_heads, num_key_value_heads, hidden_size / heads).
-_VIDUR_MODELS: dict[str, tuple[int, str]] = {
-    "Llama-2-7b-hf": (32, "32-32-128"),
-    "Llama-2-70b-hf": (80, "64-8-128"),
-    "Meta-Llama-3-8B": (32, "32-8-128"),
-    "Meta-Llama-3-70B": (80, "64-8-128"),
-}
+#: The dtypes the profiler can build weights in (scenario spelling → torch attribute).
+#: Llama's RMSNorm epsilon (the value does not change the kernel's time).
+_RMS_EPS = 1e-5
+TORCH_DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 
 
-def _key(name: str) -> str:
-    """A model name compared loosely: no org, no ``Meta-`` prefix, lower case."""
-    name = name.strip().split("/")[-1].lower()
-    return name.removeprefix("meta-")
+@dataclass(frozen=True)
+class ProfilerGrid:
+    """The shapes to time. ``max_decode_tokens`` bounds ``batch × kv_len`` (the KV tensors'
+    size) so that the largest decode points fit in memory."""
+
+    prefill_tokens: tuple[int, ...]
+    decode_batches: tuple[int, ...]
+    decode_contexts: tuple[int, ...]
+    repetitions: int = 10
+    warmup: int = 3
+    max_decode_tokens: int = 2**21
+
+    def __post_init__(self) -> None:
+        for name in ("prefill_tokens", "decode_batches", "decode_contexts"):
+            values = getattr(self, name)
+            if not values or any(v < 1 for v in values):
+                raise ValueError(f"{name}: must be a non-empty list of integers >= 1")
+        if self.repetitions < 1 or self.warmup < 0:
+            raise ValueError("repetitions: must be >= 1 (and warmup >= 0)")
+
+    @classmethod
+    def for_gpu(cls, max_model_len: int, max_num_seqs: int) -> ProfilerGrid:
+        """Prefills of 16..min(max_model_len, 8192) on a 1-2-3 geometric grid, decode batches
+        1..max_num_seqs in powers of two, contexts 128..min(max_model_len, 32768)."""
+        top = min(max_model_len, 8192)
+        prefill = sorted({n for k in range(4, 14) for n in (2**k, 3 * 2 ** (k - 1)) if n <= top})
+        batches = _powers_of_two(1, max_num_seqs)
+        contexts = _powers_of_two(128, min(max_model_len, 32_768))
+        return cls(tuple(prefill), batches, contexts)
+
+    @classmethod
+    def quick(cls) -> ProfilerGrid:
+        """A few small shapes: seconds on a CPU for a tiny model (tests, smoke runs)."""
+        return cls((16, 32, 64, 128, 256), (1, 2, 4, 8), (64, 256), repetitions=3, warmup=1)
 
 
-def _gpu_folder(hardware: str) -> str:
-    """Vidur's folder for a catalogue GPU ('h100' or 'a100')."""
-    name = get_gpu(hardware).name.lower()
-    for folder in ("h100", "a100"):
-        if folder in name:
-            return folder
-    raise ValueError(f"hardware: operator tables exist for H100 and A100 only, not {hardware!r}")
+def _powers_of_two(low: int, high: int) -> tuple[int, ...]:
+    values = [low]
+    while values[-1] * 2 <= high:
+        values.append(values[-1] * 2)
+    if values[-1] != high and high > low:
+        values.append(high)
+    return tuple(values)
 
 
-def available(source: str, data_dir: Path, hardware: str = "h100") -> list[tuple[str, int]]:
-    """The (model, tensor parallel size) combinations ``source`` has tables for."""
-    data_dir = Path(data_dir)
-    combos: list[tuple[str, int]] = []
-    if source.startswith("llmservingsim"):
-        for path in sorted((data_dir / _LLMSERVINGSIM_DIR).glob("*/tp*/layers.csv")):
-            model, tp = path.parent.parent.name, int(path.parent.name.removeprefix("tp"))
-            if source == "llmservingsim" or _decode_table(data_dir, _llama31_heads(model), tp):
-                combos.append((model, tp))
-    elif source.startswith("vidur"):
-        folder = _gpu_folder(hardware)
-        for path in sorted((data_dir / _VIDUR_DIR / folder / "meta-llama").glob("*/mlp.csv")):
-            model = path.parent.name
-            if model not in _VIDUR_MODELS:
-                continue
-            tps = pd.read_csv(path, usecols=["num_tensor_parallel_workers"]).iloc[:, 0].unique()
-            for tp in sorted(int(t) for t in tps):
-                if source == "vidur" or (
-                    folder == "h100"
-                    and _kernel_shape_matches(model)
-                    and _decode_table(data_dir, _VIDUR_MODELS[model][1], tp) is not None
-                ):
-                    combos.append((model, tp))
-    else:
-        raise ValueError(f"source: must be one of {', '.join(SOURCES)}; got {source!r}")
-    return combos
+@dataclass
+class OperatorTables:
+    """What one profiling run measured, as the tables the fit reads."""
+
+    layers: pd.DataFrame
+    decode_attention: pd.DataFrame
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    def write(self, directory: str | Path) -> Path:
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        self.layers.to_csv(directory / LAYERS_FILE, index=False)
+        self.decode_attention.to_csv(directory / DECODE_FILE, index=False)
+        (directory / META_FILE).write_text(json.dumps(self.meta, indent=2) + "\n")
+        return directory
 
 
-def _llama31_heads(model: str) -> str:
-    arch = get_model(model)
-    return f"{arch.num_attention_heads}-{arch.num_key_value_heads}-{arch.head_dim}"
-
-
-def _kernel_shape_matches(model: str) -> bool:
-    # Only the Llama-2 H100 profiles: Vidur has no H100 profile of the Llama-3 models.
-    return model.startswith("Llama-2")
-
-
-def _decode_table(data_dir: Path, heads: str, tp: int) -> Path | None:
-    path = data_dir / _KERNEL_DIR / "decode" / "h100" / f"{heads}-tp{tp}.csv"
-    return path if path.is_file() else None
-
-
-def _resolve(source: str, model: str, tp: int, data_dir: Path, hardware: str) -> str:
-    """The table's own model name for ``model``, or ValueError listing what exists."""
-    combos = available(source, data_dir, hardware)
-    for name, combo_tp in combos:
-        if _key(name) == _key(model) and combo_tp == tp:
-            return name
-    listing = ", ".join(f"{name} tp{combo_tp}" for name, combo_tp in combos) or "none"
-    raise ValueError(
-        f"model/tensor_parallel_size: {source} has no table for {model!r} at TP={tp} on "
-        f"{hardware}; available: {listing}"
-    )
-
-
-# -- table readers -----------------------------------------------------------------------------
-def _llmservingsim_table(path: Path) -> pd.DataFrame:
-    """Seconds per module (columns) for each ``input`` token count (index); kv_cache = 0 only."""
-    frame = pd.read_csv(path)
-    frame = frame[frame["kv_cache"] == 0]
-    table = frame.pivot_table(
-        index="input", columns="layer_name", values="latency(ns)", aggfunc="mean"
-    )
-    return table / 1e9
-
-
-def _vidur_table(path: Path, tp: int) -> pd.Series:
-    """Seconds of one step's non-attention operators, indexed by num_tokens."""
-    frame = pd.read_csv(path)
-    frame = frame[frame["num_tensor_parallel_workers"] == tp]
-    per_tokens = frame.groupby("num_tokens").mean(numeric_only=True)
-    layers = _VIDUR_MODELS[path.parent.name][0]
-    layer_ms = sum(
-        count * per_tokens[f"time_stats.{op}.median"] for op, count in _VIDUR_LAYER_OPS.items()
-    )
-    step_ms = per_tokens["time_stats.emb.median"] + layers * layer_ms
-    return step_ms / 1e3
-
-
-def _decode_attention(path: Path, max_batch: int) -> list[tuple[int, int, float]]:
-    """Per-layer decode attention as (batch_size, kv_len, seconds), within the usable range."""
-    frame = pd.read_csv(path)
-    frame = frame[(frame["batch_size"] <= max_batch) & (frame["kv_len"] <= MAX_DECODE_KV_LEN)]
-    return [
-        (int(batch), int(kv_len), float(latency_us) / 1e6)
-        for batch, kv_len, latency_us in zip(
-            frame["batch_size"].to_numpy(),
-            frame["kv_len"].to_numpy(),
-            frame["latency_us"].to_numpy(),
-            strict=True,
+def read_tables(directory: str | Path) -> OperatorTables:
+    """Tables written by :meth:`OperatorTables.write`; ValueError naming what is missing."""
+    directory = Path(directory)
+    missing = [n for n in (LAYERS_FILE, DECODE_FILE, META_FILE) if not (directory / n).is_file()]
+    if missing:
+        raise ValueError(
+            f"{directory}: not a profiled operator table directory (missing {', '.join(missing)}); "
+            "write one with `servesim calibrate --operators torch`"
         )
-    ]
-
-
-def _prefill_batch(num_tokens: int) -> BatchShape:
-    return BatchShape(
-        num_prefill_tokens=num_tokens,
-        num_prefill_seqs=1,
-        prefill_attention_pairs=prefill_chunk_pairs(num_tokens, 0),
-        num_sampled=1,
-    )
-
-
-def _decode_batch(num_seqs: int, context_tokens: int) -> BatchShape:
-    return BatchShape(
-        num_decode_seqs=num_seqs,
-        decode_context_tokens=num_seqs * context_tokens,
-        num_sampled=num_seqs,
-    )
-
-
-# -- observations ------------------------------------------------------------------------------
-def _llmservingsim_observations(
-    data_dir: Path, model: str, tp: int, with_kernel_bench: bool
-) -> tuple[list[Observation], list[Path]]:
-    layers_csv = data_dir / _LLMSERVINGSIM_DIR / model / f"tp{tp}" / "layers.csv"
-    table = _llmservingsim_table(layers_csv)
-    num_layers = get_model(model).num_layers
-    lm_head = table["lm_head"]
-    once = table["embedding"] + table["final_layernorm"]
-    per_layer = table[list(_LAYER_MODULES)].sum(axis=1)
-    observations = [
-        Observation(
-            _prefill_batch(n),
-            float(once[n] + num_layers * per_layer[n] + lm_head[1]),
-            kind="operator",
-        )
-        for n in PREFILL_LENGTHS
-        if n in table.index
-    ]
-    files = [layers_csv]
-    if with_kernel_bench:
-        decode_csv = _decode_table(data_dir, _llama31_heads(model), tp)
-        assert decode_csv is not None
-        files.append(decode_csv)
-        non_attention = once + num_layers * (per_layer - table["attn"]) + lm_head
-        for batch, kv_len, attention_s in _decode_attention(decode_csv, int(table.index.max())):
-            seconds = float(non_attention[batch] + num_layers * attention_s)
-            observations.append(Observation(_decode_batch(batch, kv_len), seconds, kind="operator"))
-    return observations, files
-
-
-def _vidur_observations(
-    data_dir: Path, model: str, tp: int, folder: str, with_kernel_bench: bool
-) -> tuple[list[Observation], list[Path]]:
-    mlp_csv = data_dir / _VIDUR_DIR / folder / "meta-llama" / model / "mlp.csv"
-    step = _vidur_table(mlp_csv, tp)
-    tokens = step.index.to_numpy(dtype=np.float64)
-    values = step.to_numpy(dtype=np.float64)
-
-    def non_attention(num_tokens: int) -> float:
-        return float(np.interp(num_tokens, tokens, values))
-
-    files = [mlp_csv]
-    if not with_kernel_bench:
-        # Attention-free batches: the measured time has no attention in it (see module doc).
-        measured = [int(n) for n in tokens]
-        observations = [
-            Observation(
-                BatchShape(num_prefill_tokens=n, num_prefill_seqs=1, num_sampled=1),
-                non_attention(n),
-                kind="operator",
-            )
-            for n in measured
-            if n >= PREFILL_LENGTHS[0]
-        ]
-        observations += [
-            Observation(
-                BatchShape(num_decode_seqs=n, num_sampled=n), non_attention(n), kind="operator"
-            )
-            for n in measured
-            if n <= 1024
-        ]
-        return observations, files
-    num_layers, heads = _VIDUR_MODELS[model]
-    prefill_csv = data_dir / _KERNEL_DIR / "prefill" / "h100" / f"{heads}.csv"
-    decode_csv = _decode_table(data_dir, heads, tp)
-    assert decode_csv is not None
-    files += [prefill_csv, decode_csv]
-    prefill = pd.read_csv(prefill_csv)
-    observations = [
-        Observation(
-            _prefill_batch(int(seq_len)),
-            non_attention(int(seq_len)) + num_layers * float(latency_us) / 1e6 / tp,
-            kind="operator",
-        )
-        for seq_len, latency_us in zip(
-            prefill["seq_len"].to_numpy(), prefill["latency_us"].to_numpy(), strict=True
-        )
-        if seq_len <= tokens.max()
-    ]
-    for batch, kv_len, attention_s in _decode_attention(decode_csv, int(tokens.max())):
-        seconds = non_attention(batch) + num_layers * attention_s
-        observations.append(Observation(_decode_batch(batch, kv_len), seconds, kind="operator"))
-    return observations, files
-
-
-def _observations_and_files(
-    source: str, model: str, tp: int, data_dir: Path, hardware: str
-) -> tuple[list[Observation], list[Path]]:
-    data_dir = Path(data_dir)
-    name = _resolve(source, model, tp, data_dir, hardware)
-    match source:
-        case "llmservingsim" | "llmservingsim+kernel_bench":
-            if _gpu_folder(hardware) != "h100":
-                raise ValueError(f"hardware: {source} was measured on an H100, not {hardware!r}")
-            return _llmservingsim_observations(data_dir, name, tp, source.endswith("kernel_bench"))
-        case "vidur" | "vidur+kernel_bench":
-            folder = _gpu_folder(hardware)
-            return _vidur_observations(data_dir, name, tp, folder, source.endswith("kernel_bench"))
-    raise AssertionError(source)
-
-
-def operator_observations(
-    source: str,
-    *,
-    model: str,
-    tensor_parallel_size: int = 1,
-    data_dir: Path,
-    hardware: str = "h100",
-) -> list[Observation]:
-    """Step-time observations summed from one source's operator tables (see module docstring).
-
-    ``model`` is matched loosely (``meta-llama/Llama-3.1-8B``, ``llama-3.1-8b``); ``hardware``
-    picks Vidur's A100 or H100 folder (the other sources are H100 only). Raises ValueError
-    listing the (model, TP) combinations the source has when the request is not among them.
-    """
-    observations, _ = _observations_and_files(
-        source, model, tensor_parallel_size, data_dir, hardware
-    )
-    return observations
-
-
-_SOURCE_NOTES = {
-    "llmservingsim": [
-        "prefill steps only (the H100 tables hold the prefill sweep, kv_cache = 0)",
-        "Hugging Face eager kernels (unfused norms and rope), not vLLM's",
-        "TP>1 tables time one GPU's shard; all-reduces are not included",
-    ],
-    "llmservingsim+kernel_bench": [
-        "prefill: LLMServingSim layer sums; decode: LLMServingSim non-attention modules + "
-        "kernel-bench decode attention × layers",
-        "Hugging Face eager kernels (unfused norms and rope), not vLLM's",
-        "TP>1 tables time one GPU's shard; all-reduces are not included",
-    ],
-    "vidur": [
-        "non-attention operators only: attention, LM head, final norm and all-reduces are absent",
-    ],
-    "vidur+kernel_bench": [
-        "Vidur non-attention operators + kernel-bench attention of the same head layout",
-        "prefill points only at 1,024 and 4,096 tokens; prefill attention divided by TP",
-        "LM head, final norm and all-reduces are absent",
-    ],
-}
-
-
-def operator_profile(
-    source: str,
-    *,
-    model: str,
-    hardware: str,
-    tensor_parallel_size: int = 1,
-    data_dir: Path,
-    dtype: str = "bf16",
-) -> Profile:
-    """A calibration profile fitted to one source's operator tables.
-
-    The profile names the catalogue model and GPU where they exist (so ``check_profile``
-    matches scenarios), the source as its engine, and in ``data_summary`` the files read, the
-    number of prefill and decode points, and the source's limitations.
-    """
-    observations, files = _observations_and_files(
-        source, model, tensor_parallel_size, data_dir, hardware
-    )
-    coefficients, report = fit_steps(observations, method_name=f"step_least_squares:{source}")
-    report = report.model_copy(update={"notes": [*report.notes, *_SOURCE_NOTES[source]]})
     try:
-        model_name = get_model(model).name
-    except ValueError:
-        model_name = _key(model)
-    num_decode = sum(1 for obs in observations if obs.batch.num_decode_seqs)
-    summary: dict[str, Any] = {
-        "source": source,
-        "files": [str(path.relative_to(Path(data_dir))) for path in files],
-        "num_points": len(observations),
-        "num_prefill_points": len(observations) - num_decode,
-        "num_decode_points": num_decode,
-        "limitations": _SOURCE_NOTES[source],
-    }
-    return Profile(
-        schema_version=SCHEMA_VERSION,
-        model=model_name,
-        hardware=get_gpu(hardware).name,
-        tensor_parallel_size=tensor_parallel_size,
-        dtype=dtype,
-        engine=EngineInfo(name=source, version=""),
-        created=now_iso(),
-        coefficients=coefficients,
-        fit=report,
-        data_summary=summary,
+        meta = json.loads((directory / META_FILE).read_text())
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{directory / META_FILE}: not valid JSON ({exc.msg})") from None
+    return OperatorTables(
+        pd.read_csv(directory / LAYERS_FILE), pd.read_csv(directory / DECODE_FILE), meta
     )
 
 
-# -- comparison with the roofline model --------------------------------------------------------
-def canonical_batches(context_tokens: int = 1024) -> dict[str, BatchShape]:
-    """Decodes of 1, 32 and 128 sequences at ``context_tokens`` each; prefills of 512 and 2,048."""
-    batches = {
-        f"decode {b} @ {context_tokens} ctx": _decode_batch(b, context_tokens) for b in (1, 32, 128)
-    }
-    batches.update({f"prefill {n}": _prefill_batch(n) for n in (512, 2048)})
-    return batches
+def resolve_device(device: str) -> str:
+    """``auto`` → ``cuda`` when torch sees a GPU, else ``cpu``; ValueError for a missing GPU."""
+    import torch
+
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError(f"device: {device!r} asked for, but torch sees no CUDA GPU; use cpu")
+    if not (device == "cpu" or device.startswith("cuda")):
+        raise ValueError(f"device: must be auto, cpu or cuda[:N]; got {device!r}")
+    return device
 
 
-def compare_with_roofline(
-    profile: Profile,
-    roofline: IterationTimeModel,
-    batches: Mapping[str, BatchShape] | Iterable[tuple[str, BatchShape]],
-) -> list[dict[str, Any]]:
-    """Step times of ``profile`` and ``roofline`` side by side: one row per batch with
-    ``batch``, ``profile_ms``, ``roofline_ms`` and ``ratio`` (profile / roofline).
+class _Timer:
+    """Median seconds of ``fn()`` over repetitions: CUDA events on a GPU, perf_counter on a CPU."""
+
+    def __init__(self, device: str, repetitions: int, warmup: int) -> None:
+        import torch
+
+        self.torch = torch
+        self.cuda = device.startswith("cuda")
+        self.repetitions = repetitions
+        self.warmup = warmup
+
+    def __call__(self, fn: Callable[[], object]) -> float:
+        torch = self.torch
+        for _ in range(self.warmup):
+            fn()
+        if self.cuda:
+            torch.cuda.synchronize()
+            pairs = []
+            for _ in range(self.repetitions):
+                start = torch.cuda.Event(enable_timing=True)
+                end = torch.cuda.Event(enable_timing=True)
+                start.record()
+                fn()
+                end.record()
+                pairs.append((start, end))
+            torch.cuda.synchronize()
+            return float(statistics.median(s.elapsed_time(e) for s, e in pairs)) / 1e3
+        times = []
+        for _ in range(self.repetitions):
+            started = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - started)
+        return statistics.median(times)
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotary embedding (rotate-half form) of ``x`` of shape (tokens, heads, head_dim)."""
+    import torch
+
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos + rotated * sin
+
+
+def profile_operators(
+    model: ModelArch,
+    *,
+    tensor_parallel_size: int = 1,
+    dtype: str = "bf16",
+    device: str = "auto",
+    grid: ProfilerGrid | None = None,
+    threads: int | None = None,
+    progress: Callable[[int, int, str], None] | None = None,
+) -> OperatorTables:
+    """Time one decoder layer's operators (and the embedding, final norm and LM head) of
+    ``model`` at its per-GPU shapes under ``tensor_parallel_size``; see the module docstring.
+
+    ``grid`` defaults to :meth:`ProfilerGrid.for_gpu` on a GPU and :meth:`ProfilerGrid.quick`
+    on a CPU. ``threads`` sets torch's intra-op threads (vLLM's CPU backend uses one core per
+    rank). Raises ValueError for a dtype or TP the profiler cannot build.
     """
-    items = batches.items() if isinstance(batches, Mapping) else batches
-    measured = CalibratedModel(profile.coefficients)
-    rows = []
-    for label, batch in items:
-        profile_s = measured.step_time(batch)
-        roofline_s = roofline.step_time(batch)
-        rows.append(
-            {
-                "batch": label,
-                "profile_ms": profile_s * 1e3,
-                "roofline_ms": roofline_s * 1e3,
-                "ratio": profile_s / roofline_s,
-            }
+    import torch
+    import torch.nn.functional as F  # noqa: N812 (torch's own convention)
+
+    if dtype not in TORCH_DTYPES:
+        raise ValueError(
+            f"dtype: the profiler builds {', '.join(TORCH_DTYPES)} weights, not {dtype!r} "
+            "(quantized kernels need the serving engine: calibrate with --launch)"
         )
-    return rows
+    tp = tensor_parallel_size
+    if tp < 1 or model.num_attention_heads % tp:
+        raise ValueError(
+            f"tensor_parallel_size: {tp} does not divide {model.name}'s "
+            f"{model.num_attention_heads} attention heads"
+        )
+    device = resolve_device(device)
+    if grid is None:
+        grid = (
+            ProfilerGrid.for_gpu(model.max_position_embeddings, 256)
+            if device.startswith("cuda")
+            else ProfilerGrid.quick()
+        )
+    if threads is not None:
+        torch.set_num_threads(threads)
+    torch_dtype = getattr(torch, TORCH_DTYPES[dtype])
+    generator = torch.Generator(device="cpu").manual_seed(0)
+
+    heads = model.num_attention_heads // tp
+    kv_heads = max(1, model.num_key_value_heads // tp)
+    head_dim = model.head_dim
+    hidden = model.hidden_size
+    inter = math.ceil(model.intermediate_size / tp)
+    vocab = math.ceil(model.vocab_size / tp)
+
+    def weight(rows: int, cols: int) -> torch.Tensor:
+        w = torch.randn(rows, cols, generator=generator) / math.sqrt(cols)
+        return w.to(device=device, dtype=torch_dtype)
+
+    w_q, w_k = weight(heads * head_dim, hidden), weight(kv_heads * head_dim, hidden)
+    w_v = weight(kv_heads * head_dim, hidden)
+    w_o = weight(hidden, heads * head_dim)
+    w_gate, w_up, w_down = weight(inter, hidden), weight(inter, hidden), weight(hidden, inter)
+    w_lm = weight(vocab, hidden)
+    embedding = weight(vocab, hidden)
+    norm = torch.ones(hidden, device=device, dtype=torch_dtype)
+    timer = _Timer(device, grid.repetitions, grid.warmup)
+
+    def layer_operations(n: int) -> dict[str, Callable[[], object]]:
+        """Each module's call on ``n`` tokens, its inputs made once."""
+        ids = torch.randint(0, vocab, (n,), generator=generator).to(device)
+        x = torch.randn(n, hidden, generator=generator).to(device=device, dtype=torch_dtype)
+        q = F.linear(x, w_q).view(n, heads, head_dim)
+        k = F.linear(x, w_k).view(n, kv_heads, head_dim)
+        v = F.linear(x, w_v).view(n, kv_heads, head_dim)
+        angle = torch.rand(n, 1, head_dim, generator=generator).to(device=device)
+        cos, sin = angle.cos().to(torch_dtype), angle.sin().to(torch_dtype)
+        # (1, heads, n, head_dim) for SDPA; grouped-query keys shared by enable_gqa.
+        qa, ka, va = (t.transpose(0, 1).unsqueeze(0) for t in (q, k, v))
+        attn_out = torch.randn(n, heads * head_dim, generator=generator).to(
+            device=device, dtype=torch_dtype
+        )
+        gate = F.linear(x, w_gate)
+        up = F.linear(x, w_up)
+        act = F.silu(gate) * up
+        return {
+            "embedding": lambda: F.embedding(ids, embedding),
+            "input_layernorm": lambda: F.rms_norm(x, (hidden,), norm, _RMS_EPS),
+            "q_proj": lambda: F.linear(x, w_q),
+            "k_proj": lambda: F.linear(x, w_k),
+            "v_proj": lambda: F.linear(x, w_v),
+            "rope": lambda: (_rotate(q, cos, sin), _rotate(k, cos, sin)),
+            "attn": lambda: F.scaled_dot_product_attention(
+                qa, ka, va, is_causal=True, enable_gqa=kv_heads != heads
+            ),
+            "o_proj": lambda: F.linear(attn_out, w_o),
+            "post_layernorm": lambda: F.rms_norm(x, (hidden,), norm, _RMS_EPS),
+            "gate_proj": lambda: F.linear(x, w_gate),
+            "up_proj": lambda: F.linear(x, w_up),
+            "act_fn": lambda: F.silu(gate) * up,
+            "down_proj": lambda: F.linear(act, w_down),
+            "final_layernorm": lambda: F.rms_norm(x, (hidden,), norm, _RMS_EPS),
+            "lm_head": lambda: F.linear(x, w_lm),
+        }
+
+    def decode_attention(batch: int, context: int) -> Callable[[], object]:
+        """One layer's attention for ``batch`` one-token queries over ``context`` keys each."""
+        q1 = torch.randn(batch, heads, 1, head_dim, generator=generator)
+        kc = torch.randn(batch, kv_heads, context, head_dim, generator=generator)
+        q1, kc = q1.to(device=device, dtype=torch_dtype), kc.to(device=device, dtype=torch_dtype)
+        vc = kc.clone()
+        return lambda: F.scaled_dot_product_attention(q1, kc, vc, enable_gqa=kv_heads != heads)
+
+    inputs = sorted(set(grid.prefill_tokens) | set(grid.decode_batches))
+    decode_points = [
+        (b, c)
+        for b in grid.decode_batches
+        for c in grid.decode_contexts
+        if b * c <= grid.max_decode_tokens
+    ]
+    total = len(inputs) + len(decode_points)
+    done = 0
+    rows: list[tuple[str, int, int, float]] = []
+    with torch.inference_mode():
+        for n in inputs:
+            operations = layer_operations(n)
+            for name, operation in operations.items():
+                rows.append((name, n, 0, timer(operation) * 1e9))
+            done += 1
+            if progress is not None:
+                progress(done, total, f"layer at {n} tokens")
+        decode_rows: list[tuple[int, int, float]] = []
+        for batch, context in decode_points:
+            seconds = timer(decode_attention(batch, context))
+            decode_rows.append((batch, context, seconds * 1e6))
+            done += 1
+            if progress is not None:
+                progress(done, total, f"decode attention {batch} × {context}")
+    device_name = (
+        torch.cuda.get_device_name(torch.device(device))
+        if device.startswith("cuda")
+        else platform.processor() or platform.machine()
+    )
+    meta = {
+        "model": model.name,
+        "tensor_parallel_size": tp,
+        "dtype": dtype,
+        "device": device,
+        "device_name": device_name,
+        "torch_version": torch.__version__,
+        "threads": torch.get_num_threads(),
+        "shapes": {
+            "heads_per_gpu": heads,
+            "kv_heads_per_gpu": kv_heads,
+            "head_dim": head_dim,
+            "hidden": hidden,
+            "intermediate_per_gpu": inter,
+            "vocab_per_gpu": vocab,
+            "num_layers": model.num_layers,
+        },
+        "grid": {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(grid).items()},
+        "created": now_iso(),
+    }
+    return OperatorTables(
+        pd.DataFrame(rows, columns=["layer_name", "input", "kv_cache", "latency(ns)"]),
+        pd.DataFrame(decode_rows, columns=["batch_size", "kv_len", "latency_us"]),
+        meta,
+    )
+
+
+def check_tables_match(tables: OperatorTables, model: ModelArch, tensor_parallel_size: int) -> None:
+    """ValueError naming the field when profiled tables are for another model or TP."""
+    meta = tables.meta
+    if meta.get("model") != model.name:
+        raise ValueError(
+            f"model: the tables were profiled for {meta.get('model')!r}, the scenario is "
+            f"{model.name!r}"
+        )
+    if meta.get("tensor_parallel_size") != tensor_parallel_size:
+        raise ValueError(
+            f"engine.tensor_parallel_size: the tables were profiled at TP="
+            f"{meta.get('tensor_parallel_size')}, the scenario has {tensor_parallel_size}"
+        )
+
+
+def sizes_summary(values: Sequence[int]) -> str:
+    """``16..2048 (12 points)`` for a sorted list of sizes."""
+    values = sorted(values)
+    return f"{values[0]}..{values[-1]} ({len(values)} points)" if values else "none"

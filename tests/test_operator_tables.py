@@ -1,0 +1,134 @@
+"""Calibration from the public operator tables in shared/data, checked against the roofline."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from calibration.fit import point_kind
+from calibration.operator_tables import (
+    SOURCES,
+    available,
+    canonical_batches,
+    compare_with_roofline,
+    operator_observations,
+    operator_profile,
+)
+from calibration.profile import SCHEMA_VERSION, Profile
+from sim.hardware import get_gpu
+from sim.latency import RooflineModel
+from sim.models import get_model
+
+
+def test_llmservingsim_observations_sum_the_layer_table(shared_data: Path) -> None:
+    observations = operator_observations(
+        "llmservingsim", model="meta-llama/Llama-3.1-8B", data_dir=shared_data
+    )
+    assert all(obs.batch.num_decode_seqs == 0 for obs in observations)  # prefill sweep only
+    by_tokens = {obs.batch.num_prefill_tokens: obs for obs in observations}
+    # input=2048 row of tp1/layers.csv: 32 × Σ per-layer modules + embedding + final norm, plus
+    # lm_head for the one sampled row (input=1): 32 × 1,929.9 µs + 61.4 + 148.0 + 366.3 µs.
+    assert by_tokens[2048].seconds == pytest.approx(0.062333, rel=1e-4)
+    assert by_tokens[2048].batch.prefill_attention_pairs == 2048 * 2049 // 2
+    # Below ~128 tokens the weights dominate and the times wobble by a few per cent; above,
+    # longer prefills always take longer.
+    seconds = [by_tokens[n].seconds for n in sorted(by_tokens) if n >= 128]
+    assert seconds == sorted(seconds)
+
+
+def test_kernel_bench_adds_decode_steps(shared_data: Path) -> None:
+    observations = operator_observations(
+        "llmservingsim+kernel_bench", model="llama-3.1-8b", data_dir=shared_data
+    )
+    decodes = [obs for obs in observations if obs.batch.num_decode_seqs]
+    assert len(decodes) >= 20
+    step = {
+        (obs.batch.num_decode_seqs, obs.batch.decode_context_tokens // obs.batch.num_decode_seqs): (
+            obs.seconds
+        )
+        for obs in decodes
+    }
+    # More context or more sequences never makes a decode step faster (beyond kernel noise).
+    assert step[(128, 8192)] > step[(128, 1024)]
+    assert step[(128, 1024)] > step[(16, 1024)]
+    # One 8B decode step on an H100 takes milliseconds, not microseconds or seconds.
+    assert 0.004 < step[(1, 1024)] < 0.02
+
+
+def test_unknown_combination_lists_what_exists(shared_data: Path) -> None:
+    with pytest.raises(ValueError, match=r"Llama-3\.1-8B tp1.*Llama-3\.1-8B tp2"):
+        operator_observations(
+            "llmservingsim", model="llama-3.1-8b", tensor_parallel_size=8, data_dir=shared_data
+        )
+    with pytest.raises(ValueError, match="source: must be one of"):
+        operator_observations("splitwise", model="llama-3.1-8b", data_dir=shared_data)
+    with pytest.raises(ValueError, match="H100"):
+        operator_observations(
+            "llmservingsim", model="llama-3.1-8b", data_dir=shared_data, hardware="a100"
+        )
+
+
+@pytest.mark.parametrize("source", SOURCES)
+def test_every_available_table_fits(source: str, shared_data: Path) -> None:
+    hardware = "a100" if source == "vidur" else "h100"
+    combos = available(source, shared_data, hardware)
+    assert combos
+    for model, tp in combos:
+        profile = operator_profile(
+            source, model=model, hardware=hardware, tensor_parallel_size=tp, data_dir=shared_data
+        )
+        # Measured: mean 2–6 %, p90 4–11 %, worst 6–36 % (vidur's tiny-batch points).
+        assert profile.fit.relative_error_mean < 0.08, (source, model, tp)
+        assert profile.fit.relative_error_p90 < 0.15, (source, model, tp)
+        assert {point_kind(p) for p in profile.fit.points} == {"operator"}
+
+
+def test_operator_profile_is_a_valid_profile(shared_data: Path, tmp_path: Path) -> None:
+    profile = operator_profile(
+        "llmservingsim+kernel_bench",
+        model="meta-llama/Llama-3.1-8B",
+        hardware="h100-sxm",
+        tensor_parallel_size=1,
+        data_dir=shared_data,
+    )
+    assert profile.schema_version == SCHEMA_VERSION
+    assert (profile.model, profile.hardware) == ("llama-3.1-8b", "H100 SXM")
+    assert profile.engine.name == "llmservingsim+kernel_bench"
+    assert profile.data_summary["num_prefill_points"] == 15
+    assert profile.data_summary["num_decode_points"] >= 20
+    assert profile.data_summary["files"][0].endswith("Llama-3.1-8B/tp1/layers.csv")
+    assert any("frontend_overhead_s fixed at 0" in note for note in profile.fit.notes)
+    reloaded = Profile.model_validate_json(profile.save(tmp_path / "p.json").read_text())
+    assert reloaded == profile
+
+
+def test_vidur_alone_cannot_identify_attention(shared_data: Path) -> None:
+    profile = operator_profile(
+        "vidur", model="Meta-Llama-3-8B", hardware="a100", data_dir=shared_data
+    )
+    assert profile.coefficients.per_context_token_s == 0.0
+    assert profile.coefficients.per_prefill_pair_s == 0.0
+    notes = " ".join(profile.fit.notes)
+    assert "per_context_token_s fixed at 0" in notes
+    assert "per_prefill_pair_s fixed at 0" in notes
+
+
+def test_operator_profile_agrees_with_roofline_within_2x(shared_data: Path) -> None:
+    roofline = RooflineModel(get_model("llama-3.1-8b"), get_gpu("h100-sxm"))
+    profile = operator_profile(
+        "llmservingsim+kernel_bench",
+        model="llama-3.1-8b",
+        hardware="h100-sxm",
+        data_dir=shared_data,
+    )
+    rows = compare_with_roofline(profile, roofline, canonical_batches())
+    print(f"\n{'batch':<22}{'profile ms':>12}{'roofline ms':>13}{'ratio':>8}")
+    for row in rows:
+        print(
+            f"{row['batch']:<22}{row['profile_ms']:>12.2f}{row['roofline_ms']:>13.2f}"
+            f"{row['ratio']:>8.2f}"
+        )
+    assert [row["batch"] for row in rows] == list(canonical_batches())
+    for row in rows:
+        assert 0.5 < row["ratio"] < 2.0, row
