@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed-stamp
 # vLLM for the live tests: its CUDA build where a GPU is present, its CPU build elsewhere.
 LIVE_EXTRA ?= $(if $(shell command -v nvidia-smi 2>/dev/null),live,live-cpu)
 
-.PHONY: run test test-fast lint typecheck pytest clean
+.PHONY: run test test-fast lint typecheck pytest profiles clean
 
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -38,6 +38,10 @@ typecheck: $(STAMP)
 
 pytest: $(STAMP)
 	$(BIN)/pytest
+
+## Refit the shipped profiles in profiles/ from the public operator tables in ../shared/data.
+profiles: $(STAMP)
+	$(BIN)/python -m calibration.operator_tables profiles ../shared/data
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis

@@ -63,7 +63,7 @@ or input preparation, so a fitted ``step_overhead_s`` is GPU-only and lower than
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -75,7 +75,13 @@ from calibration.observations import Observation
 from calibration.operators import OperatorTables
 from calibration.profile import SCHEMA_VERSION, EngineInfo, Profile, now_iso
 from sim.hardware import get_gpu
-from sim.latency import BatchShape, CalibratedModel, IterationTimeModel, prefill_chunk_pairs
+from sim.latency import (
+    BatchShape,
+    CalibratedModel,
+    IterationTimeModel,
+    RooflineModel,
+    prefill_chunk_pairs,
+)
 from sim.models import get_model
 
 SOURCES: tuple[str, ...] = (
@@ -88,6 +94,7 @@ SOURCES: tuple[str, ...] = (
 _LLMSERVINGSIM_DIR = Path("llmservingsim_profiles/H100/meta-llama")
 _VIDUR_DIR = Path("vidur/profiling/compute")
 _KERNEL_DIR = Path("inference_sim_kernel_bench/mha")
+_NETWORK_DIR = Path("vidur/profiling/network")
 
 #: Prefill lengths taken from the LLMServingSim sweep: 16..2048 tokens on a 1-2-3 geometric
 #: grid, so every octave weighs the same in the fit (tiny "prefills" are decode-like and rare).
@@ -134,6 +141,16 @@ _VIDUR_MODELS: dict[str, tuple[int, str]] = {
 }
 
 
+#: Hidden sizes of the Vidur-profiled models (config.json ``hidden_size``): the all-reduced
+#: activation is ``tokens × hidden`` elements.
+_VIDUR_HIDDEN = {
+    "Llama-2-7b-hf": 4096,
+    "Llama-2-70b-hf": 8192,
+    "Meta-Llama-3-8B": 4096,
+    "Meta-Llama-3-70B": 8192,
+}
+
+
 def _key(name: str) -> str:
     """A model name compared loosely: no org, no ``Meta-`` prefix, lower case."""
     name = name.strip().split("/")[-1].lower()
@@ -167,8 +184,7 @@ def available(source: str, data_dir: Path, hardware: str = "h100") -> list[tuple
             tps = pd.read_csv(path, usecols=["num_tensor_parallel_workers"]).iloc[:, 0].unique()
             for tp in sorted(int(t) for t in tps):
                 if source == "vidur" or (
-                    folder == "h100"
-                    and _kernel_shape_matches(model)
+                    _kernel_shape_matches(model, folder)
                     and _decode_table(data_dir, _VIDUR_MODELS[model][1], tp) is not None
                 ):
                     combos.append((model, tp))
@@ -182,9 +198,16 @@ def _llama31_heads(model: str) -> str:
     return f"{arch.num_attention_heads}-{arch.num_key_value_heads}-{arch.head_dim}"
 
 
-def _kernel_shape_matches(model: str) -> bool:
-    # Only the Llama-2 H100 profiles: Vidur has no H100 profile of the Llama-3 models.
-    return model.startswith("Llama-2")
+def _kernel_shape_matches(model: str, folder: str) -> bool:
+    # On H100 only the Llama-2 profiles: Vidur has no H100 profile of the Llama-3 models. On
+    # A100 every Vidur model pairs with the (H100) kernel table of its head layout, scaled.
+    return folder == "a100" or model.startswith("Llama-2")
+
+
+#: Models whose decoder layers are shaped exactly like another's (their config.json files agree
+#: on layers, hidden size, heads, KV heads, intermediate size and vocabulary; Llama 3.1 changed
+#: only the RoPE scaling and context length), so that one's operator tables serve the other.
+_SAME_LAYER_SHAPES = {"llama-3.1-8b": "llama-3-8b", "llama-3.1-70b": "llama-3-70b"}
 
 
 def _decode_table(data_dir: Path, heads: str, tp: int) -> Path | None:
@@ -195,9 +218,10 @@ def _decode_table(data_dir: Path, heads: str, tp: int) -> Path | None:
 def _resolve(source: str, model: str, tp: int, data_dir: Path, hardware: str) -> str:
     """The table's own model name for ``model``, or ValueError listing what exists."""
     combos = available(source, data_dir, hardware)
-    for name, combo_tp in combos:
-        if _key(name) == _key(model) and combo_tp == tp:
-            return name
+    for wanted in (_key(model), _SAME_LAYER_SHAPES.get(_key(model))):
+        for name, combo_tp in combos:
+            if _key(name) == wanted and combo_tp == tp:
+                return name
     listing = ", ".join(f"{name} tp{combo_tp}" for name, combo_tp in combos) or "none"
     raise ValueError(
         f"model/tensor_parallel_size: {source} has no table for {model!r} at TP={tp} on "
@@ -351,6 +375,12 @@ def _vidur_observations(
         return observations, files
     num_layers, heads = _VIDUR_MODELS[model]
     prefill_csv = data_dir / _KERNEL_DIR / "prefill" / "h100" / f"{heads}.csv"
+    # The kernel tables were measured on an H100; on an A100 decode attention (memory-bound)
+    # scales with the datasheets' bandwidth and prefill attention (compute-bound) with their
+    # bf16 tensor rate (sim/hardware.py cites both).
+    h100, here = get_gpu("h100-sxm"), get_gpu(f"{folder}-sxm" if folder == "a100" else "h100-sxm")
+    bandwidth_ratio = h100.memory_bandwidth_bytes_per_s / here.memory_bandwidth_bytes_per_s
+    flops_ratio = h100.bf16_flops / here.bf16_flops
     decode_csv = _decode_table(data_dir, heads, tp)
     assert decode_csv is not None
     files += [prefill_csv, decode_csv]
@@ -358,7 +388,7 @@ def _vidur_observations(
     observations = [
         Observation(
             _prefill_batch(int(seq_len)),
-            non_attention(int(seq_len)) + num_layers * float(latency_us) / 1e6 / tp,
+            non_attention(int(seq_len)) + num_layers * float(latency_us) / 1e6 / tp * flops_ratio,
             kind="operator",
         )
         for seq_len, latency_us in zip(
@@ -367,7 +397,7 @@ def _vidur_observations(
         if seq_len <= tokens.max()
     ]
     for batch, kv_len, attention_s in _decode_attention(decode_csv, int(tokens.max())):
-        seconds = non_attention(batch) + num_layers * attention_s
+        seconds = non_attention(batch) + num_layers * attention_s * bandwidth_ratio
         observations.append(Observation(_decode_batch(batch, kv_len), seconds, kind="operator"))
     return observations, files
 
@@ -377,15 +407,63 @@ def _observations_and_files(
 ) -> tuple[list[Observation], list[Path]]:
     data_dir = Path(data_dir)
     name = _resolve(source, model, tp, data_dir, hardware)
+    folder = _gpu_folder(hardware)
     match source:
         case "llmservingsim" | "llmservingsim+kernel_bench":
-            if _gpu_folder(hardware) != "h100":
+            if folder != "h100":
                 raise ValueError(f"hardware: {source} was measured on an H100, not {hardware!r}")
-            return _llmservingsim_observations(data_dir, name, tp, source.endswith("kernel_bench"))
+            observations, files = _llmservingsim_observations(
+                data_dir, name, tp, source.endswith("kernel_bench")
+            )
+            num_layers, hidden = get_model(name).num_layers, get_model(name).hidden_size
         case "vidur" | "vidur+kernel_bench":
-            folder = _gpu_folder(hardware)
-            return _vidur_observations(data_dir, name, tp, folder, source.endswith("kernel_bench"))
-    raise AssertionError(source)
+            observations, files = _vidur_observations(
+                data_dir, name, tp, folder, source.endswith("kernel_bench")
+            )
+            num_layers, hidden = _VIDUR_MODELS[name][0], _VIDUR_HIDDEN[name]
+        case _:
+            raise AssertionError(source)
+    if tp > 1:
+        network_csv = data_dir / _NETWORK_DIR / f"{folder}_dgx" / "all_reduce.csv"
+        all_reduce = _all_reduce_seconds(network_csv, tp)
+        files.append(network_csv)
+        observations = [
+            Observation(
+                obs.batch,
+                obs.seconds
+                + 2
+                * num_layers
+                * all_reduce((obs.batch.num_prefill_tokens + obs.batch.num_decode_seqs) * hidden),
+                kind=obs.kind,
+            )
+            for obs in observations
+        ]
+    return observations, files
+
+
+def _all_reduce_seconds(path: Path, tp: int) -> Callable[[int], float]:
+    """Seconds of one NCCL all-reduce of ``size`` 16-bit elements among ``tp`` GPUs of a node.
+
+    Vidur's table (``size`` in elements, as its profiler allocates fp16 tensors of that many
+    elements; times in ms) is noisy at small sizes, where launch latency dominates: per size
+    the median of the repeated medians is taken, then the lower non-decreasing envelope (each
+    size's time is the least measured at that size or above: a larger message is never faster,
+    and the slow small-size outliers are launch jitter that vLLM's custom all-reduce avoids),
+    and sizes between measured ones are interpolated linearly.
+    """
+    frame = pd.read_csv(path)
+    # All ``tp`` GPUs in one node (devices_per_node == num_workers), as TP is deployed.
+    frame = frame[(frame["num_workers"] == tp) & (frame["devices_per_node"] == tp)]
+    if frame.empty:
+        raise ValueError(f"tensor_parallel_size: {path} has no all-reduce among {tp} GPUs")
+    per_size = frame.groupby("size")["time_stats.all_reduce.median"].median().sort_index()
+    sizes = per_size.index.to_numpy(dtype=np.float64)
+    seconds = np.minimum.accumulate(per_size.to_numpy(dtype=np.float64)[::-1])[::-1] / 1e3
+
+    def lookup(size: int) -> float:
+        return float(np.interp(size, sizes, seconds))
+
+    return lookup
 
 
 def operator_observations(
@@ -412,21 +490,25 @@ _SOURCE_NOTES = {
     "llmservingsim": [
         "prefill steps only (the H100 tables hold the prefill sweep, kv_cache = 0)",
         "Hugging Face eager kernels (unfused norms and rope), not vLLM's",
-        "TP>1 tables time one GPU's shard; all-reduces are not included",
+        "TP>1 tables time one GPU's shard; two all-reduces per layer are added from Vidur's "
+        "NCCL table (vidur/profiling/network/h100_dgx)",
     ],
     "llmservingsim+kernel_bench": [
         "prefill: LLMServingSim layer sums; decode: LLMServingSim non-attention modules + "
         "kernel-bench decode attention × layers",
         "Hugging Face eager kernels (unfused norms and rope), not vLLM's",
-        "TP>1 tables time one GPU's shard; all-reduces are not included",
+        "TP>1 tables time one GPU's shard; two all-reduces per layer are added from Vidur's "
+        "NCCL table (vidur/profiling/network/h100_dgx)",
     ],
     "vidur": [
-        "non-attention operators only: attention, LM head, final norm and all-reduces are absent",
+        "non-attention operators only: attention, LM head and final norm are absent",
+        "TP>1: two all-reduces per layer added from Vidur's NCCL table of the same GPU's DGX",
     ],
     "vidur+kernel_bench": [
         "Vidur non-attention operators + kernel-bench attention of the same head layout",
         "prefill points only at 1,024 and 4,096 tokens; prefill attention divided by TP",
-        "LM head, final norm and all-reduces are absent",
+        "LM head and final norm are absent",
+        "TP>1: two all-reduces per layer added from Vidur's NCCL table of the same GPU's DGX",
     ],
 }
 
@@ -453,10 +535,21 @@ def operator_profile(
         model_name = get_model(model).name
     except ValueError:
         model_name = _key(model)
+    notes = list(_SOURCE_NOTES[source])
+    table_model = _resolve(source, model, tensor_parallel_size, Path(data_dir), hardware)
+    if _key(table_model) != _key(model):
+        notes.append(
+            f"tables of {table_model} used for {model_name}: the same layer shapes (config.json)"
+        )
+    if source == "vidur+kernel_bench" and _gpu_folder(hardware) == "a100":
+        notes.append(
+            "attention from the H100 kernel tables scaled to the A100 by the datasheets: decode "
+            "by memory bandwidth (3.35/2.039 TB/s), prefill by bf16 tensor rate (989/312 TFLOPS)"
+        )
     return _fitted(
         observations,
         method=f"step_least_squares:{source}",
-        notes=_SOURCE_NOTES[source],
+        notes=notes,
         model=model_name,
         hardware=get_gpu(hardware).name,
         tensor_parallel_size=tensor_parallel_size,
@@ -578,3 +671,50 @@ def compare_with_roofline(
             }
         )
     return rows
+
+
+# -- the profiles shipped in profiles/ ---------------------------------------------------------
+#: (catalogue GPU, catalogue model, TP, source) of every profile in ``profiles/``.
+SHIPPED: tuple[tuple[str, str, int, str], ...] = (
+    ("h100-sxm", "llama-3.1-8b", 1, "llmservingsim+kernel_bench"),
+    ("h100-sxm", "llama-3.1-8b", 2, "llmservingsim+kernel_bench"),
+    ("h100-sxm", "llama-3.1-70b", 4, "llmservingsim+kernel_bench"),
+    ("a100-80gb-sxm", "llama-3.1-8b", 1, "vidur+kernel_bench"),
+    ("a100-80gb-sxm", "llama-3.1-8b", 2, "vidur+kernel_bench"),
+    ("a100-80gb-sxm", "llama-3.1-70b", 4, "vidur+kernel_bench"),
+)
+
+
+def shipped_profile_name(gpu: str, model: str, tp: int) -> str:
+    return f"{gpu}_{model}_tp{tp}.json"
+
+
+def shipped_profile(gpu: str, model: str, tp: int, source: str, data_dir: Path) -> Profile:
+    """One of :data:`SHIPPED`, with its step times beside the roofline's in ``data_summary``."""
+    profile = operator_profile(
+        source, model=model, hardware=gpu, tensor_parallel_size=tp, data_dir=data_dir
+    )
+    roofline = RooflineModel(get_model(model), get_gpu(gpu), tensor_parallel_size=tp)
+    comparison = compare_with_roofline(profile, roofline, canonical_batches())
+    summary = {**profile.data_summary, "roofline_comparison": comparison}
+    return profile.model_copy(update={"data_summary": summary})
+
+
+def write_shipped_profiles(data_dir: Path, out_dir: Path) -> list[Path]:
+    """Fit and write every profile of :data:`SHIPPED` into ``out_dir``."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    return [
+        shipped_profile(gpu, model, tp, source, data_dir).save(
+            out_dir / shipped_profile_name(gpu, model, tp)
+        )
+        for gpu, model, tp, source in SHIPPED
+    ]
+
+
+if __name__ == "__main__":
+    import sys
+
+    target = Path(sys.argv[1]) if len(sys.argv) > 1 else Path("profiles")
+    shared = Path(sys.argv[2]) if len(sys.argv) > 2 else Path("../shared/data")
+    for written in write_shipped_profiles(shared, target):
+        print(written)

@@ -2,23 +2,30 @@
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from pathlib import Path
 
 import pytest
 
 from calibration.fit import point_kind
 from calibration.operator_tables import (
+    SHIPPED,
     SOURCES,
     available,
     canonical_batches,
     compare_with_roofline,
     operator_observations,
     operator_profile,
+    shipped_profile,
+    shipped_profile_name,
 )
-from calibration.profile import SCHEMA_VERSION, Profile
+from calibration.profile import SCHEMA_VERSION, Profile, load_profile
 from sim.hardware import get_gpu
 from sim.latency import RooflineModel
 from sim.models import get_model
+from sim.run import build
+from sim.scenario import parse_scenario
+from tests.factories import scenario_dict
 
 
 def test_llmservingsim_observations_sum_the_layer_table(shared_data: Path) -> None:
@@ -132,3 +139,53 @@ def test_operator_profile_agrees_with_roofline_within_2x(shared_data: Path) -> N
     assert [row["batch"] for row in rows] == list(canonical_batches())
     for row in rows:
         assert 0.5 < row["ratio"] < 2.0, row
+
+
+# -- the shipped profiles ----------------------------------------------------------------------
+PROFILES = Path(__file__).parents[1] / "profiles"
+
+
+@pytest.mark.parametrize(("gpu", "model", "tp", "source"), SHIPPED)
+def test_shipped_profiles_are_reproducible_and_usable(
+    gpu: str, model: str, tp: int, source: str, shared_data: Path
+) -> None:
+    shipped = load_profile(PROFILES / shipped_profile_name(gpu, model, tp))
+    refit = shipped_profile(gpu, model, tp, source, shared_data)
+    # The shipped file is exactly what the public tables give (run `make profiles` to rebuild).
+    for name, value in asdict(refit.coefficients).items():
+        assert getattr(shipped.coefficients, name) == pytest.approx(value, rel=1e-6), name
+    assert shipped.data_summary["source"] == source
+    assert shipped.data_summary["files"]
+    if tp > 1:
+        assert any("all_reduce" in f for f in shipped.data_summary["files"])
+    rows = shipped.data_summary["roofline_comparison"]
+    assert {row["batch"] for row in rows} == set(canonical_batches())
+    # A scenario on that GPU, model and TP simulates with the profile.
+    scenario = parse_scenario(
+        scenario_dict(
+            model=model,
+            gpu=gpu,
+            engine={"tensor_parallel_size": tp, "max_model_len": 4096},
+            latency={"profile": str(PROFILES / shipped_profile_name(gpu, model, tp))},
+            workload={
+                "arrival": {"type": "poisson", "rate": 2},
+                "prompt_tokens": {"type": "constant", "value": 512},
+                "output_tokens": {"type": "constant", "value": 32},
+                "num_requests": 20,
+            },
+        )
+    )
+    summary = build(scenario).run().summary
+    assert summary["requests"]["ok"] == 20
+
+
+def test_a100_profiles_scale_the_h100_attention_kernels(shared_data: Path) -> None:
+    a100 = shipped_profile("a100-80gb-sxm", "llama-3.1-8b", 1, "vidur+kernel_bench", shared_data)
+    notes = " ".join(a100.fit.notes)
+    assert "Meta-Llama-3-8B used for llama-3.1-8b" in notes
+    assert "scaled to the A100" in notes
+    # Decode attention reads the KV cache: the A100's is slower per context token than the H100's
+    # by about the bandwidth ratio (the fits differ a little in how they split the terms).
+    h100 = shipped_profile("h100-sxm", "llama-3.1-8b", 1, "llmservingsim+kernel_bench", shared_data)
+    ratio = a100.coefficients.per_context_token_s / h100.coefficients.per_context_token_s
+    assert 1.2 < ratio < 2.5
