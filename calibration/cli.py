@@ -37,6 +37,16 @@ def calibrate(
     device: Annotated[
         str, typer.Option(help="with --operators torch: auto, cpu or cuda[:N]")
     ] = "auto",
+    records: Annotated[
+        Path | None,
+        typer.Option(
+            help="fit to per-request records instead (a servesim live run or live import: "
+            "records.parquet/.jsonl/.csv or its directory) by replaying them in the simulator"
+        ),
+    ] = None,
+    max_simulations: Annotated[
+        int, typer.Option(help="with --records: most simulations the search may run", min=1)
+    ] = 60,
     data_dir: Annotated[
         Path, typer.Option(help="where the operator tables are (shared/data)")
     ] = Path("../shared/data"),
@@ -46,6 +56,21 @@ def calibrate(
     With --operators, fit operator timing tables for the scenario's model, GPU and TP: public
     ones from shared/data, or ones timed here with torch (written next to the profile).
     """
+    sources = [
+        name
+        for name, given in (
+            ("--url", url),
+            ("--launch", launch or None),
+            ("--operators", operators),
+            ("--records", records),
+        )
+        if given is not None
+    ]
+    if len(sources) > 1:
+        fail(f"{' and '.join(sources)}: give one source of measurements, not several")
+    if records is not None:
+        _calibrate_from_records(load_or_exit(scenario_path), records, max_simulations, out)
+        return
     if operators is not None:
         scenario = load_or_exit(scenario_path)
         if operators == "torch" or Path(operators).is_dir():
@@ -128,6 +153,56 @@ def _calibrate_from_operators(scenario: Scenario, source: str, data_dir: Path, o
     except (ValueError, OSError) as exc:
         fail(f"--operators: {exc}")
     _save_and_compare(scenario, profile, out, source)
+
+
+def _calibrate_from_records(
+    scenario: Scenario, path: Path, max_simulations: int, out: Path
+) -> None:
+    """Search coefficients under which a replay of the records reproduces their latencies."""
+    from calibration.profile import EngineInfo, fitted_profile, load_profile
+    from calibration.records import fit_scenario_to_records, read_records, roofline_coefficients
+
+    try:
+        frame = read_records(path)
+    except ValueError as exc:
+        fail(str(exc))
+    if isinstance(scenario.latency, ProfileLatencySpec):
+        initial = load_profile(scenario.latency.path).coefficients
+        start = f"the profile {scenario.latency.path}"
+    else:
+        initial = roofline_coefficients(scenario)
+        start = "the scenario's roofline"
+    stderr.print(
+        f"fitting {len(frame)} records from {start}: at most {max_simulations} simulations",
+        highlight=False,
+    )
+    try:
+        coefficients, report, how = fit_scenario_to_records(
+            scenario, frame, initial, max_evaluations=max_simulations
+        )
+    except ValueError as exc:
+        fail(f"--records: {exc}")
+    profile = fitted_profile(
+        scenario,
+        coefficients,
+        report,
+        engine=EngineInfo(name="vllm", version=scenario.engine.vllm_version or ""),
+        data_summary={
+            "source": "per-request records",
+            "records": str(path),
+            "num_records": len(frame),
+            "replayed": how,
+            "started_from": start,
+        },
+    )
+    out.parent.mkdir(parents=True, exist_ok=True)
+    profile.save(out)
+    stderr.print(
+        f"wrote {out}: TTFT and E2E of {len(frame)} requests, fit error mean "
+        f"{report.relative_error_mean:.1%}, p90 {report.relative_error_p90:.1%}",
+        highlight=False,
+    )
+    typer.echo(json.dumps(asdict(profile.coefficients)))
 
 
 def _calibrate_from_torch(scenario: Scenario, operators: str, device: str, out: Path) -> None:

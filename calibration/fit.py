@@ -193,7 +193,14 @@ def _ok_rows(records: pd.DataFrame) -> pd.DataFrame:
     return records
 
 
-def _relative_residuals(measured: pd.DataFrame, simulated: pd.DataFrame) -> np.ndarray:
+def usable_records(records: pd.DataFrame) -> pd.DataFrame:
+    """The ``ok`` records with a positive TTFT and E2E: what a fit to records compares."""
+    measured = _ok_rows(records)
+    measured = measured[(measured["ttft_s"] > 0) & (measured["e2e_s"] > 0)]
+    return measured.reset_index(drop=True)
+
+
+def relative_residuals(measured: pd.DataFrame, simulated: pd.DataFrame) -> np.ndarray:
     """Relative TTFT errors then relative E2E errors, one per measured ok request.
 
     A request the simulation did not complete counts as a 100 % error, so the optimiser is
@@ -235,9 +242,7 @@ def fit_from_records(
     missing = {"request_id", "ttft_s", "e2e_s"} - set(records.columns)
     if missing:
         raise ValueError(f"records: missing columns {sorted(missing)}; expected RECORD_COLUMNS")
-    measured = _ok_rows(records)
-    measured = measured[(measured["ttft_s"] > 0) & (measured["e2e_s"] > 0)]
-    measured = measured.reset_index(drop=True)
+    measured = usable_records(records)
     if measured.empty:
         raise ValueError("records: no ok request with a positive ttft_s and e2e_s to fit to")
     start = np.array([getattr(initial, name) for name in COEFFICIENT_NAMES], dtype=np.float64)
@@ -263,7 +268,7 @@ def fit_from_records(
         if tracker.num_evaluations >= tracker.max_evaluations:
             raise _BudgetExhaustedError
         tracker.num_evaluations += 1
-        residuals = _relative_residuals(measured, simulate(coefficients_at(log_values)))
+        residuals = relative_residuals(measured, simulate(coefficients_at(log_values)))
         cost = float(residuals @ residuals)
         if cost < tracker.best_cost:
             tracker.best_cost, tracker.best_x = cost, log_values.copy()

@@ -23,6 +23,7 @@ from sim import lengths as lens
 from sim.hardware import GPU
 from sim.kv_cache import KVCacheManager
 from sim.latency import (
+    CalibratedCoefficients,
     CalibratedModel,
     ConstantStepModel,
     ExponentialStepModel,
@@ -471,9 +472,17 @@ def scenario_requests(scenario: Scenario) -> list[Request]:
     return build_requests(scenario.workload, _seeds(scenario)[0])
 
 
-def build(scenario: Scenario) -> Simulation:
+def build(
+    scenario: Scenario,
+    *,
+    requests: list[Request] | None = None,
+    coefficients: CalibratedCoefficients | None = None,
+) -> Simulation:
     """Everything a scenario describes, wired together. Raises ValueError on impossible setups,
     naming the scenario field to change.
+
+    ``requests`` replaces the scenario's workload (a replay of recorded requests) and
+    ``coefficients`` its latency section (a calibrated model being fitted).
     """
     workload_seed, latency_seed = _seeds(scenario)
     model = scenario.resolve_model()
@@ -491,11 +500,17 @@ def build(scenario: Scenario) -> Simulation:
     # Only continuous batching reuses cached prefixes; the others would just pay for the keys.
     caching = engine.enable_prefix_caching and engine.batching == "continuous"
     kv = KVCacheManager(plan.num_blocks, engine.block_size, caching)
-    requests = build_requests(scenario.workload, workload_seed)
+    if requests is None:
+        requests = build_requests(scenario.workload, workload_seed)
     slo = SLO(scenario.slo.ttft_s, scenario.slo.tpot_s, scenario.slo.percentile)
-    latency_model, frontend_overhead_s = make_latency_model(
-        scenario, model, gpu, np.random.default_rng(latency_seed)
-    )
+    latency_model: IterationTimeModel
+    if coefficients is not None:
+        latency_model = CalibratedModel(coefficients)
+        frontend_overhead_s = coefficients.frontend_overhead_s
+    else:
+        latency_model, frontend_overhead_s = make_latency_model(
+            scenario, model, gpu, np.random.default_rng(latency_seed)
+        )
     return Simulation(
         requests,
         make_scheduler(scenario, kv),
