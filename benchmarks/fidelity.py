@@ -2,9 +2,11 @@
 
 The whole loop on one machine: start vLLM (the tiny local model on the CPU backend by default,
 or ``--model DIR`` for another local model), calibrate within a time budget, estimate the
-server's capacity with the calibrated simulator (a saturating burst), then for held-out
-workloads — Poisson at 30%, 60% and 85% of that capacity, a Gamma-bursty one, a multi-turn one
-with a shared system prompt — simulate and run live, and print one table of errors, side by side.
+server's capacity with the calibrated simulator (a saturating burst), refit that profile to the
+records of one loaded run (Poisson at 50% of capacity, its own seed: ``calibrate --records``),
+then for held-out workloads — Poisson at 30%, 60% and 85% of that capacity, a Gamma-bursty one, a
+multi-turn one with a shared system prompt — simulate with both profiles and run live, and print
+the errors of both side by side.
 
 Run: ``.venv/bin/python benchmarks/fidelity.py [--budget 90s] [--requests 100] [--model DIR]``.
 """
@@ -14,13 +16,15 @@ from __future__ import annotations
 import argparse
 import json
 import tempfile
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 from calibration.fit import fit_steps
 from calibration.measure import MeasurementPlan, measure, parse_budget
 from calibration.profile import EngineInfo, fitted_profile
-from calibration.validate import compare
+from calibration.records import fit_scenario_to_records
+from calibration.validate import ServerSide, compare
 from live.replay import Target
 from live.run import run_live
 from live.server import VLLMServer
@@ -69,6 +73,9 @@ def main() -> None:
     parser.add_argument("--budget", default="90s", help="calibration time budget")
     parser.add_argument("--requests", type=int, default=100, help="requests per workload")
     parser.add_argument("--model", default=None, help="local model directory (default: tiny)")
+    parser.add_argument(
+        "--max-simulations", type=int, default=60, help="budget of the records refit"
+    )
     args = parser.parse_args()
     model_dir = Path(args.model) if args.model else ensure_tiny_model()
     vocab = int(json.loads((model_dir / "config.json").read_text())["vocab_size"])
@@ -91,6 +98,27 @@ def main() -> None:
         ).save(work / "profile.json")
         capacity = capacity_rps(profile_path)
         n = args.requests
+        # The load calibration: one Poisson run at half the capacity, then a records fit
+        # starting from the idle profile.
+        training = scenario(
+            {
+                **LENGTHS,
+                "arrival": {"type": "poisson", "rate": 0.5 * capacity},
+                "prefix": {"type": "shared", "num_groups": 2, "prefix_tokens": 512, "share": 0.8},
+                "num_requests": n,
+            },
+            profile_path,
+            seed=99,
+        )
+        trained = run_live(
+            training, Target(server.url, server.model_name), tokens, out_dir=work / "training"
+        )
+        loaded_coefficients, loaded_report, _ = fit_scenario_to_records(
+            training, trained.records, coefficients, max_evaluations=args.max_simulations
+        )
+        loaded_path = fitted_profile(
+            template, loaded_coefficients, loaded_report, engine=EngineInfo(name="vllm")
+        ).save(work / "profile-loaded.json")
         shared = {"type": "shared", "num_groups": 2, "prefix_tokens": 512, "share": 0.8}
         workloads = {
             "poisson 30%": {"arrival": {"type": "poisson", "rate": 0.3 * capacity}},
@@ -110,27 +138,61 @@ def main() -> None:
         print(
             f"calibration: {len(measurement.observations)} points in "
             f"{measurement.duration_s:.0f} s, fit error mean {report.relative_error_mean:.1%}; "
-            f"capacity ≈ {capacity:.2f} req/s"
+            f"capacity ≈ {capacity:.2f} req/s; records refit at 50% load: error mean "
+            f"{loaded_report.relative_error_mean:.1%}"
         )
-        header = ("workload", "TTFT mean", "TTFT p90", "TPOT mean", "TPOT p90", "hit pts")
+        print(f"idle:   {json.dumps(asdict(coefficients))}")
+        print(f"loaded: {json.dumps(asdict(loaded_coefficients))}")
+        header = (
+            "workload",
+            "profile",
+            "TTFT mean",
+            "TTFT p90",
+            "srv TTFT mean",
+            "TPOT mean",
+            "TPOT p90",
+            "hit pts",
+        )
         print("".join(f"{h:>14}" for h in header))
         for seed, (name, arrival) in enumerate(workloads.items(), start=10):
             workload = {**LENGTHS, **arrival, "num_requests": n}
             if "prefix" not in workload:
                 workload["prefix"] = shared
             held_out = scenario(workload, profile_path, seed)
-            simulated = build(held_out).run().summary
-            live = run_live(
+            result = run_live(
                 held_out, Target(server.url, server.model_name), tokens, out_dir=work / name
-            ).summary
-            errors = {r["metric"]: r for r in compare(live, simulated).rows}
-            cells = [
-                errors[m]["rel_error"]
-                for m in ("ttft_s mean", "ttft_s p90", "tpot_s mean", "tpot_s p90")
-            ]
-            hit = errors["prefix hit rate"]["abs_error"] * 100
-            print(f"{name:>14}" + "".join(f"{c:>+14.1%}" for c in cells) + f"{hit:>+14.1f}")
-    print(f"(sim/live − 1; outputs in {work})")
+            )
+            result.write(work / name)
+            live = result.summary
+            for label, path, front in (
+                ("idle", profile_path, coefficients.frontend_overhead_s),
+                ("loaded", loaded_path, loaded_coefficients.frontend_overhead_s),
+            ):
+                simulated = build(scenario(workload, path, seed)).run().summary
+                server_side = (
+                    ServerSide.from_metrics(result.metrics, front) if result.metrics else None
+                )
+                errors = {r["metric"]: r for r in compare(live, simulated, server=server_side).rows}
+                cells = [
+                    errors[m]["rel_error"] if m in errors else float("nan")
+                    for m in (
+                        "ttft_s mean",
+                        "ttft_s p90",
+                        "server ttft_s mean",
+                        "tpot_s mean",
+                        "tpot_s p90",
+                    )
+                ]
+                hit = errors["prefix hit rate"]["abs_error"] * 100
+                print(
+                    f"{name:>14}{label:>14}"
+                    + "".join(f"{c:>+14.1%}" for c in cells)
+                    + f"{hit:>+14.1f}"
+                )
+    print(
+        "(sim/live − 1; srv TTFT: vLLM's own TTFT histogram against the simulated TTFT less "
+        f"the front-end overhead; outputs in {work})"
+    )
 
 
 if __name__ == "__main__":

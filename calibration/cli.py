@@ -319,7 +319,14 @@ def validate(
     max_hit_rate_error: Annotated[float, typer.Option(help="bound in hit-rate points")] = 0.03,
 ) -> None:
     """Simulate SCENARIO with PROFILE, run it live, print the errors; exit 1 above the bounds."""
-    from calibration.validate import Thresholds, cdf_figure_html, compare, format_table
+    from calibration.profile import load_profile
+    from calibration.validate import (
+        ServerSide,
+        Thresholds,
+        cdf_figure_html,
+        compare,
+        format_table,
+    )
     from live.replay import Target
     from live.run import run_live
     from live.tokens import PromptTokens
@@ -340,7 +347,16 @@ def validate(
         vocab,
     ):
         live = run_live(scenario, Target(base_url, served), PromptTokens(vocab), out_dir=out)
-    report = compare(live.summary, simulated.summary, Thresholds(max_error, max_hit_rate_error))
+    server = None
+    if live.metrics is not None and live.metrics.ttft.count:
+        frontend = load_profile(profile).coefficients.frontend_overhead_s
+        server = ServerSide.from_metrics(live.metrics, frontend)
+    report = compare(
+        live.summary,
+        simulated.summary,
+        Thresholds(max_error, max_hit_rate_error),
+        server=server,
+    )
     (out / "report.json").write_text(json.dumps(report.as_dict(), indent=2) + "\n")
     cdf_figure_html(live.records, simulated.records, out / "cdf.html")
     typer.echo(format_table(report))

@@ -85,8 +85,15 @@ def compare(
     live_summary: Mapping[str, Any],
     sim_summary: Mapping[str, Any],
     thresholds: Thresholds | None = None,
+    *,
+    server: ServerSide | None = None,
 ) -> ValidationReport:
-    """Side-by-side errors from two summaries (``servesim run`` and ``servesim live run``)."""
+    """Side-by-side errors from two summaries (``servesim run`` and ``servesim live run``).
+
+    With ``server`` (vLLM's own ``/metrics`` over the live run), informational rows split the
+    TTFT error into what the engine did and what happened between the client and the engine
+    (see :class:`ServerSide`).
+    """
     thresholds = thresholds or Thresholds()
     rows: list[dict[str, Any]] = []
     failures: list[str] = []
@@ -123,14 +130,59 @@ def compare(
             f"(bound {thresholds.hit_rate_points * 100:.0f})"
         )
     rows.append(_row("preemptions", live_summary["preemptions"], sim_summary["preemptions"], ""))
+    if server is not None:
+        rows.extend(server.rows(live_summary, sim_summary))
     return ValidationReport(rows, thresholds, failures)
+
+
+@dataclass(frozen=True)
+class ServerSide:
+    """Means from vLLM's histograms over a live run, and the simulator's front-end overhead.
+
+    vLLM's ``time_to_first_token_seconds`` runs from when its front end has parsed a request to
+    when the first token leaves the engine, so it leaves out the HTTP exchange and the streaming
+    back to the client; the simulator's counterpart is its TTFT less ``frontend_overhead_s``.
+    The difference between client-side and server-side TTFT is the client↔engine path (HTTP,
+    the front end, streaming, and a load generator that shares the machine): when that row's
+    error is large and the server-side one small, the engine model is right and the path is
+    what the profile misjudges.
+    """
+
+    ttft_mean_s: float
+    tpot_mean_s: float
+    queue_mean_s: float
+    frontend_overhead_s: float = 0.0
+
+    @classmethod
+    def from_metrics(cls, metrics: Any, frontend_overhead_s: float) -> ServerSide:
+        """From a :class:`live.scrape.MetricsDelta`."""
+        return cls(
+            metrics.ttft.mean, metrics.tpot.mean, metrics.queue_time.mean, frontend_overhead_s
+        )
+
+    def rows(
+        self, live_summary: Mapping[str, Any], sim_summary: Mapping[str, Any]
+    ) -> list[dict[str, Any]]:
+        sim_ttft = sim_summary["ttft_s"]["mean"]
+        frontend = self.frontend_overhead_s
+        return [
+            _row("server ttft_s mean", self.ttft_mean_s, sim_ttft - frontend, ""),
+            _row("server tpot_s mean", self.tpot_mean_s, sim_summary["tpot_s"]["mean"], ""),
+            _row("server queue_s mean", self.queue_mean_s, sim_summary["queue_s"]["mean"], ""),
+            _row(
+                "path ttft_s mean",
+                live_summary["ttft_s"]["mean"] - self.ttft_mean_s,
+                frontend,
+                "",
+            ),
+        ]
 
 
 def format_table(report: ValidationReport) -> str:
     """The report as an aligned text table (what the CLI prints)."""
-    lines = [f"{'metric':<18}{'live':>12}{'sim':>12}{'abs err':>12}{'rel err':>10}  check"]
+    lines = [f"{'metric':<24}{'live':>12}{'sim':>12}{'abs err':>12}{'rel err':>10}  check"]
     for row in report.rows:
-        scale = 1e3 if row["metric"].split()[0].endswith("_s") else 1.0
+        scale = 1e3 if any(word.endswith("_s") for word in row["metric"].split()) else 1.0
         unit_live = row["live"] * scale
         unit_sim = row["sim"] * scale
         unit_abs = row["abs_error"] * scale
@@ -142,7 +194,7 @@ def format_table(report: ValidationReport) -> str:
             mark = "ok" if abs(row["abs_error"]) <= report.thresholds.hit_rate_points else "FAIL"
         name = row["metric"].replace("_s ", " (ms) ") if scale != 1.0 else row["metric"]
         lines.append(
-            f"{name:<18}{unit_live:>12.3f}{unit_sim:>12.3f}{unit_abs:>12.3f}{rel:>10}  {mark}"
+            f"{name:<24}{unit_live:>12.3f}{unit_sim:>12.3f}{unit_abs:>12.3f}{rel:>10}  {mark}"
         )
     return "\n".join(lines)
 

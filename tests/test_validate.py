@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from calibration.validate import Thresholds, cdf_figure_html, compare, format_table
+from calibration.validate import ServerSide, Thresholds, cdf_figure_html, compare, format_table
 from sim.run import run
 from sim.scenario import parse_scenario
 from tests.factories import scenario_dict
@@ -55,3 +55,27 @@ def test_only_the_chosen_statistics_are_enforced() -> None:
     sim["ttft_s"]["p90"] = live["ttft_s"]["p90"] * 2
     assert not compare(live, sim, Thresholds(relative=0.5)).passed
     assert compare(live, sim, Thresholds(relative=0.5, statistics=("mean",))).passed
+
+
+def test_server_side_rows_split_the_ttft_error() -> None:
+    live, sim = summaries()
+    # The engine took what the simulator said (server-side TTFT = sim TTFT − 5 ms front end),
+    # but the client saw 40 ms more: the error is in the client↔engine path, not the engine.
+    frontend = 0.005
+    engine_ttft = sim["ttft_s"]["mean"] - frontend
+    live["ttft_s"]["mean"] = engine_ttft + 0.040
+    server = ServerSide(
+        ttft_mean_s=engine_ttft,
+        tpot_mean_s=sim["tpot_s"]["mean"],
+        queue_mean_s=sim["queue_s"]["mean"],
+        frontend_overhead_s=frontend,
+    )
+    report = compare(live, sim, server=server)
+    rows = {row["metric"]: row for row in report.rows}
+    assert rows["server ttft_s mean"]["rel_error"] == pytest.approx(0.0, abs=1e-12)
+    assert rows["server tpot_s mean"]["rel_error"] == pytest.approx(0.0, abs=1e-12)
+    assert rows["path ttft_s mean"]["live"] == pytest.approx(0.040)
+    assert rows["path ttft_s mean"]["sim"] == pytest.approx(frontend)
+    # Informational: the server rows never fail a run on their own.
+    assert all(not rows[m]["checked"] for m in rows if m.startswith(("server", "path")))
+    assert "server ttft (ms) mean" in format_table(report)
