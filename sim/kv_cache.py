@@ -148,6 +148,18 @@ class KVCacheManager:
             hit.append(block_id)
         return hit, len(hit) * self.block_size
 
+    def cached_prefix_blocks(self, keys: Sequence[int]) -> int:
+        """How many leading blocks of ``keys`` are in the cache now (a router's question)."""
+        if not self.enable_prefix_caching:
+            return 0
+        key_to_block = self._key_to_block
+        count = 0
+        for key in keys:
+            if key not in key_to_block:
+                break
+            count += 1
+        return count
+
     def record_lookup(self, num_tokens: int, num_hit_tokens: int, *, preempted: bool) -> None:
         """Count an admitted request's lookup in the prefix-cache counters.
 

@@ -23,15 +23,18 @@ PERCENTILES = (50, 90, 95, 99)
 #: prefix-cache hit rate and the busy fraction cover the interval that ends at ``time_s``.
 TIMESERIES_COLUMNS = (
     "time_s",
-    "num_requests_waiting",
+    "num_requests_waiting",  # summed over replicas (plus requests no replica could take yet)
     "num_requests_running",
-    "kv_cache_usage",
-    "prefix_cache_hit_rate",
+    "kv_cache_usage",  # mean over ready replicas
+    "prefix_cache_hit_rate",  # over the interval, all replicas
     "prompt_tokens_per_s",
     "output_tokens_per_s",
-    "busy_fraction",
+    "busy_fraction",  # mean over ready replicas
     "num_finished",
     "num_ok",
+    "num_replicas",  # ready and accepting requests
+    "num_replicas_starting",
+    "num_replicas_draining",
 )
 
 

@@ -47,8 +47,11 @@ class Replica:
         self.output_tokens_generated = 0
         self.process = env.process(self._engine_loop())
 
-    def submit(self, request: Request, record: Record) -> None:
-        """Accept a request now (or reject it) and wake the engine if it is idle."""
+    def submit(self, request: Request, record: Record, *, keys: list[int] | None = None) -> None:
+        """Accept a request now (or reject it) and wake the engine if it is idle.
+
+        ``keys`` are the prompt's chained block keys when the caller (a router) already has them.
+        """
         record.replica_id = self.replica_id
         reason = self._rejection(request)
         if reason:
@@ -56,8 +59,9 @@ class Replica:
             record.error = reason
             self._on_finish(record)
             return
-        keys: list[int] = []
-        if self.kv.enable_prefix_caching:
+        if not self.kv.enable_prefix_caching:
+            keys = []
+        elif keys is None:
             keys = block_keys(sequence_segments(request), self.kv.block_size, request.total_tokens)
         self.scheduler.add(Sequence(request, record, keys))
         if self._wakeup is not None and not self._wakeup.triggered:

@@ -20,6 +20,7 @@ import simpy
 
 from sim import arrivals as arr
 from sim import lengths as lens
+from sim.fleet import EngineFactory, Fleet
 from sim.hardware import GPU
 from sim.kv_cache import KVCacheManager
 from sim.latency import (
@@ -41,8 +42,8 @@ from sim.metrics import (
     token_times_frame,
 )
 from sim.models import ModelArch
-from sim.replica import Replica
 from sim.request import Record, Request, RequestStatus, later_turns
+from sim.router import Router
 from sim.scenario import (
     ArrivalSpec,
     ConstantLatencySpec,
@@ -299,40 +300,6 @@ def write_outputs(
     return written
 
 
-class _Sampler:
-    """Samples the engine into time-series rows; rates and hit rate are per interval."""
-
-    def __init__(self, replica: Replica, scheduler: Scheduler) -> None:
-        self.replica = replica
-        self.scheduler = scheduler
-        self.rows: list[tuple[float, ...]] = []
-        self._last = (0.0, 0, 0, 0.0, 0, 0)  # time, prompt, output, busy, queries, hits
-
-    def sample(self, now: float, num_finished: int, num_ok: int) -> None:
-        replica, kv = self.replica, self.replica.kv
-        last_t, last_prompt, last_output, last_busy, last_queries, last_hits = self._last
-        busy = replica.busy_s
-        prompt, output = replica.prompt_tokens_computed, replica.output_tokens_generated
-        queries, hits = kv.queries_tokens, kv.hits_tokens
-        dt = now - last_t
-        per_s = (lambda x: x / dt) if dt > 0 else (lambda x: 0.0)
-        self.rows.append(
-            (
-                now,
-                self.scheduler.num_waiting,
-                self.scheduler.num_running,
-                kv.usage,
-                (hits - last_hits) / (queries - last_queries) if queries > last_queries else 0.0,
-                per_s(prompt - last_prompt),
-                per_s(output - last_output),
-                min(1.0, per_s(busy - last_busy)),
-                num_finished,
-                num_ok,
-            )
-        )
-        self._last = (now, prompt, output, busy, queries, hits)
-
-
 class Simulation:
     """One replica under a workload, ready to run once.
 
@@ -351,7 +318,14 @@ class Simulation:
         sample_interval_s: float = 1.0,
         kv_capacity_tokens: int,
         frontend_overhead_s: float = 0.0,
+        num_replicas: int = 1,
+        make_engine: EngineFactory | None = None,
+        router: Router | None = None,
     ) -> None:
+        """``scheduler`` and ``latency_model`` are replica 0's engine; with ``num_replicas`` > 1,
+        ``make_engine(i)`` makes the others' and ``router`` spreads requests over them."""
+        if num_replicas > 1 and make_engine is None:
+            raise ValueError("num_replicas > 1 needs make_engine to build the other replicas")
         self.requests = sorted(requests, key=lambda r: r.request_id)
         self.scheduler = scheduler
         self.latency_model = latency_model
@@ -360,7 +334,19 @@ class Simulation:
         self.sample_interval_s = sample_interval_s
         self.kv_capacity_tokens = kv_capacity_tokens
         self.frontend_overhead_s = frontend_overhead_s
+        self.num_replicas = num_replicas
+        self.router = router or Router("round_robin", np.random.default_rng(0))
+        first = (scheduler, latency_model)
+
+        def engines(i: int) -> tuple[Scheduler, IterationTimeModel]:
+            if i == 0:
+                return first
+            assert make_engine is not None
+            return make_engine(i)
+
+        self.make_engine = engines
         self.records: list[Record] = []
+        self.fleet: Fleet | None = None
         self._ran = False
 
     def run(self, progress: Callable[[int, int], None] | None = None) -> SimResult:
@@ -391,7 +377,7 @@ class Simulation:
             record.arrival_s = env.now
             if frontend:
                 yield env.timeout(frontend)
-            replica.submit(request, record)
+            fleet.submit(request, record)
 
         def on_finish(record: Record) -> None:
             nonlocal finished, num_ok
@@ -404,15 +390,15 @@ class Simulation:
             if finished == total:
                 all_done.succeed()
 
-        replica = Replica(
+        fleet = Fleet(
             env,
-            0,
-            self.scheduler,
-            self.latency_model,
+            self.make_engine,
+            self.router,
+            num_replicas=self.num_replicas,
             max_model_len=self.max_model_len,
             on_finish=on_finish,
         )
-        sampler = _Sampler(replica, self.scheduler)
+        self.fleet = fleet
 
         def arrivals() -> Generator[simpy.Event, Any, None]:
             # The server's front end holds every request the same time before the engine sees
@@ -421,50 +407,66 @@ class Simulation:
                 delay = request.arrival_s + frontend - env.now
                 if delay > 0:
                     yield env.timeout(delay)
-                replica.submit(request, record_of[request.request_id])
+                fleet.submit(request, record_of[request.request_id])
 
         def sampling() -> Generator[simpy.Event, Any, None]:
             while True:
                 yield env.timeout(self.sample_interval_s)
-                sampler.sample(env.now, finished, num_ok)
+                fleet.sample(env.now, finished, num_ok)
 
         if total:
-            sampler.sample(0.0, 0, 0)
+            fleet.sample(0.0, 0, 0)
             env.process(arrivals())
             env.process(sampling())
             env.run(until=all_done)
-            if sampler.rows[-1][0] < env.now:
-                sampler.sample(env.now, finished, num_ok)  # the final partial interval
+            if fleet.rows[-1][0] < env.now:
+                fleet.sample(env.now, finished, num_ok)  # the final partial interval
         wall_s = time.perf_counter() - started
         if progress is not None:
             progress(finished, total)
         frame = records_frame(records)
-        kv = replica.kv
+        replicas = fleet.replicas
+        totals = fleet.totals()
+        itl = np.concatenate(
+            [np.frombuffer(r.scheduler.itl_samples, dtype=np.float64) for r in replicas]
+        )
         summary = summarize(
             frame,
-            itl_s=np.frombuffer(self.scheduler.itl_samples, dtype=np.float64),
+            itl_s=itl,
             slo=self.slo,
             prefix_cache=PrefixCacheCounts(
-                queries_tokens=kv.queries_tokens,
-                hits_tokens=kv.hits_tokens,
-                preempted_queries_tokens=kv.preempted_queries_tokens,
-                preempted_hits_tokens=kv.preempted_hits_tokens,
+                queries_tokens=totals.queries_tokens,
+                hits_tokens=totals.hits_tokens,
+                preempted_queries_tokens=sum(r.kv.preempted_queries_tokens for r in replicas),
+                preempted_hits_tokens=sum(r.kv.preempted_hits_tokens for r in replicas),
             ),
-            num_preemptions=self.scheduler.num_preemptions,
+            num_preemptions=sum(r.scheduler.num_preemptions for r in replicas),
             kv_capacity_tokens=self.kv_capacity_tokens,
-            busy_s=replica.busy_s,
+            busy_s=totals.busy_s / len(replicas),
             wall_s=wall_s,
             simulated_s=float(env.now),
-            num_events=replica.num_steps + total + len(sampler.rows),
+            num_events=sum(r.num_steps for r in replicas) + total + len(fleet.rows),
         )
-        timeseries = pd.DataFrame(sampler.rows, columns=list(TIMESERIES_COLUMNS))
+        if len(replicas) > 1:
+            summary["fleet"] = {
+                "replicas": len(replicas),
+                "router": self.router.policy,
+                "router_affinity_hits": self.router.num_affinity_hits,
+                "router_hash_placements": self.router.num_hash_placements,
+                "router_overflows": self.router.num_overflows,
+                "per_replica": fleet.replica_summary(float(env.now)),
+            }
+        timeseries = pd.DataFrame(fleet.rows, columns=list(TIMESERIES_COLUMNS))
         return SimResult(frame, timeseries, summary, token_times_frame(records))
 
 
-def _seeds(scenario: Scenario) -> tuple[np.random.SeedSequence, np.random.SeedSequence]:
-    """The workload's and the latency model's seeds; one SeedSequence per scenario."""
-    workload_seed, latency_seed = np.random.SeedSequence(scenario.seed).spawn(2)
-    return workload_seed, latency_seed
+def _seeds(
+    scenario: Scenario,
+) -> tuple[np.random.SeedSequence, np.random.SeedSequence, np.random.SeedSequence]:
+    """The workload's, the latency model's and the router's seeds, spawned from the scenario's
+    seed (the first two are what they were before routers existed, so results are stable)."""
+    workload_seed, latency_seed, router_seed = np.random.SeedSequence(scenario.seed).spawn(3)
+    return workload_seed, latency_seed, router_seed
 
 
 def scenario_requests(scenario: Scenario) -> list[Request]:
@@ -484,7 +486,7 @@ def build(
     ``requests`` replaces the scenario's workload (a replay of recorded requests) and
     ``coefficients`` its latency section (a calibrated model being fitted).
     """
-    workload_seed, latency_seed = _seeds(scenario)
+    workload_seed, latency_seed, router_seed = _seeds(scenario)
     model = scenario.resolve_model()
     gpu = scenario.resolve_gpu()
     plan = memory_plan(scenario, model, gpu)
@@ -499,27 +501,46 @@ def build(
         )
     # Only continuous batching reuses cached prefixes; the others would just pay for the keys.
     caching = engine.enable_prefix_caching and engine.batching == "continuous"
-    kv = KVCacheManager(plan.num_blocks, engine.block_size, caching)
     if requests is None:
         requests = build_requests(scenario.workload, workload_seed)
     slo = SLO(scenario.slo.ttft_s, scenario.slo.tpot_s, scenario.slo.percentile)
-    latency_model: IterationTimeModel
+    # Replica i's step-time draws (for a random step model) come from its own stream.
+    replica_seeds = [latency_seed, *latency_seed.spawn(scenario.fleet.replicas - 1)]
+
+    def make_engine(i: int) -> tuple[Scheduler, IterationTimeModel]:
+        kv = KVCacheManager(plan.num_blocks, engine.block_size, caching)
+        latency_model: IterationTimeModel
+        if coefficients is not None:
+            latency_model = CalibratedModel(coefficients)
+        else:
+            rng = np.random.default_rng(replica_seeds[i % len(replica_seeds)])
+            latency_model, _ = make_latency_model(scenario, model, gpu, rng)
+        return make_scheduler(scenario, kv), latency_model
+
     if coefficients is not None:
-        latency_model = CalibratedModel(coefficients)
         frontend_overhead_s = coefficients.frontend_overhead_s
     else:
-        latency_model, frontend_overhead_s = make_latency_model(
-            scenario, model, gpu, np.random.default_rng(latency_seed)
-        )
+        _, frontend_overhead_s = make_latency_model(scenario, model, gpu, np.random.default_rng(0))
+    scheduler, latency_model = make_engine(0)
+    router_spec = scenario.fleet.router
     return Simulation(
         requests,
-        make_scheduler(scenario, kv),
+        scheduler,
         latency_model,
         frontend_overhead_s=frontend_overhead_s,
         max_model_len=max_model_len,
         slo=slo,
         sample_interval_s=scenario.output.sample_interval_s,
         kv_capacity_tokens=plan.kv_capacity_tokens,
+        num_replicas=scenario.fleet.replicas,
+        make_engine=make_engine,
+        router=Router(
+            router_spec.policy,
+            np.random.default_rng(router_seed),
+            load_bound=router_spec.load_bound,
+            load_slack=router_spec.load_slack,
+            min_match=router_spec.min_match,
+        ),
     )
 
 

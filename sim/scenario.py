@@ -373,6 +373,27 @@ LatencySpec = Annotated[
 ]
 
 
+class RouterSpec(Spec):
+    """How requests are spread over replicas (see sim/router.py for each policy)."""
+
+    policy: Literal["round_robin", "random", "least_outstanding", "least_kv", "prefix_affinity"] = (
+        "round_robin"
+    )
+    # prefix_affinity: a replica is full above both load_bound × the mean outstanding requests
+    # and the mean plus load_slack.
+    load_bound: Annotated[float, Field(ge=1.0)] = 1.25
+    load_slack: Annotated[int, Field(ge=0)] = 8
+    # prefix_affinity: follow a cached prefix only when it covers this much of the prompt.
+    min_match: Annotated[float, Field(ge=0, le=1)] = 0.5
+
+
+class FleetSpec(Spec):
+    """Identical replicas of the engine behind one router."""
+
+    replicas: Annotated[int, Field(ge=1, le=4096)] = 1
+    router: RouterSpec = RouterSpec()
+
+
 class SLOSpec(Spec):
     """Latency targets, each to be met at ``percentile``."""
 
@@ -401,6 +422,7 @@ class Scenario(Spec):
     dtype: Dtype = "bf16"
     kv_cache_dtype: Literal["auto", "bf16", "fp16", "fp8"] = "auto"
     engine: EngineSpec = EngineSpec()
+    fleet: FleetSpec = FleetSpec()
     workload: WorkloadSpec
     latency: LatencySpec = RooflineLatencySpec()
     slo: SLOSpec = SLOSpec()

@@ -1,0 +1,231 @@
+"""Replicas behind a router in one SimPy environment.
+
+A :class:`Fleet` owns the replicas (each its own scheduler, KV cache and iteration-time model,
+made by an engine factory), routes each arriving request with a :class:`~sim.router.Router`,
+and samples the fleet into one time series. Replicas can be added (ready after a start-up delay)
+and drained (no new requests; the ones they hold finish) while the simulation runs, which is
+what an autoscaler does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Generator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import simpy
+
+from sim.latency import IterationTimeModel
+from sim.replica import Replica
+from sim.request import Record, Request, block_keys, sequence_segments
+from sim.router import Router
+from sim.scheduler import Scheduler
+
+#: Makes replica ``i``'s engine: its scheduler (with its own KV cache) and step-time model.
+EngineFactory = Callable[[int], tuple[Scheduler, IterationTimeModel]]
+
+
+class FleetReplica(Replica):
+    """A replica as the router sees it: outstanding requests, KV use, cached prefixes."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.num_submitted = 0
+        self.num_finished = 0
+        self.accepting = True
+        self.ready = True
+        self.started_s = 0.0
+        self.stopped_s: float | None = None
+
+    @property
+    def outstanding(self) -> int:
+        """Requests routed here and not finished (waiting + running)."""
+        return self.num_submitted - self.num_finished
+
+    @property
+    def kv_usage(self) -> float:
+        return self.kv.usage
+
+    def cached_prefix_blocks(self, keys: Sequence[int]) -> int:
+        return self.kv.cached_prefix_blocks(keys)
+
+
+@dataclass
+class _Totals:
+    """Counters summed over every replica that ever ran (removed ones included)."""
+
+    busy_s: float = 0.0
+    prompt_tokens: int = 0
+    output_tokens: int = 0
+    queries_tokens: int = 0
+    hits_tokens: int = 0
+
+
+class Fleet:
+    """Replicas behind a router; see the module docstring."""
+
+    def __init__(
+        self,
+        env: simpy.Environment,
+        make_engine: EngineFactory,
+        router: Router,
+        *,
+        num_replicas: int,
+        max_model_len: int,
+        on_finish: Callable[[Record], None],
+    ) -> None:
+        if num_replicas < 1:
+            raise ValueError(f"fleet.replicas: must be >= 1, got {num_replicas}")
+        self.env = env
+        self.make_engine = make_engine
+        self.router = router
+        self.max_model_len = max_model_len
+        self._on_finish = on_finish
+        self.replicas: list[FleetReplica] = []
+        self._rows: list[tuple[float, ...]] = []
+        self._last = (0.0, _Totals())
+        self._pending: list[tuple[Request, Record]] = []
+        for _ in range(num_replicas):
+            self.add_replica(startup_s=0.0)
+
+    # -- membership --------------------------------------------------------------------------
+    def add_replica(self, startup_s: float) -> FleetReplica:
+        """A new replica, ready (and routed to) after ``startup_s`` seconds."""
+        replica_id = len(self.replicas)
+        scheduler, latency_model = self.make_engine(replica_id)
+        replica = FleetReplica(
+            self.env,
+            replica_id,
+            scheduler,
+            latency_model,
+            max_model_len=self.max_model_len,
+            on_finish=self._finished,
+        )
+        replica.started_s = self.env.now
+        self.replicas.append(replica)
+        if startup_s > 0:
+            replica.ready = False
+            self.env.process(self._become_ready(replica, startup_s))
+        return replica
+
+    def _become_ready(self, replica: FleetReplica, startup_s: float) -> Generator[Any, Any, None]:
+        yield self.env.timeout(startup_s)
+        replica.ready = True
+        pending, self._pending = self._pending, []
+        for request, record in pending:  # requests that found no replica accepting
+            self.submit(request, record)
+
+    def drain(self, replica: FleetReplica) -> None:
+        """Stop routing to ``replica``; it finishes what it holds and then stops."""
+        replica.accepting = False
+        if replica.outstanding == 0:
+            replica.stopped_s = self.env.now
+
+    @property
+    def accepting(self) -> list[FleetReplica]:
+        """Replicas the router may choose: ready and not draining."""
+        return [r for r in self.replicas if r.ready and r.accepting]
+
+    @property
+    def starting(self) -> list[FleetReplica]:
+        return [r for r in self.replicas if not r.ready and r.accepting]
+
+    @property
+    def draining(self) -> list[FleetReplica]:
+        return [r for r in self.replicas if not r.accepting and r.stopped_s is None]
+
+    # -- traffic -----------------------------------------------------------------------------
+    def submit(self, request: Request, record: Record) -> None:
+        """Route ``request`` to a replica now; it waits for one when none is ready."""
+        candidates = self.accepting
+        if not candidates:
+            self._pending.append((request, record))
+            return
+        keys = self._keys(request, candidates[0])
+        prompt_blocks = request.prompt_tokens // candidates[0].kv.block_size
+        chosen = self.router.choose(candidates, keys, request.session_id, prompt_blocks)
+        assert isinstance(chosen, FleetReplica)
+        chosen.num_submitted += 1
+        chosen.submit(request, record, keys=keys)
+
+    def _keys(self, request: Request, replica: FleetReplica) -> list[int]:
+        kv = replica.kv
+        if not kv.enable_prefix_caching and self.router.policy != "prefix_affinity":
+            return []
+        return block_keys(sequence_segments(request), kv.block_size, request.total_tokens)
+
+    def _finished(self, record: Record) -> None:
+        replica = self.replicas[record.replica_id]
+        replica.num_finished += 1
+        if not replica.accepting and replica.outstanding == 0 and replica.stopped_s is None:
+            replica.stopped_s = self.env.now
+        self._on_finish(record)
+
+    # -- observation -------------------------------------------------------------------------
+    def totals(self) -> _Totals:
+        totals = _Totals()
+        for replica in self.replicas:
+            totals.busy_s += replica.busy_s
+            totals.prompt_tokens += replica.prompt_tokens_computed
+            totals.output_tokens += replica.output_tokens_generated
+            totals.queries_tokens += replica.kv.queries_tokens
+            totals.hits_tokens += replica.kv.hits_tokens
+        return totals
+
+    def sample(self, now: float, num_finished: int, num_ok: int) -> None:
+        """Append one time-series row; rates and the hit rate are over the last interval."""
+        last_t, last = self._last
+        totals = self.totals()
+        live = [r for r in self.replicas if r.ready and r.stopped_s is None]
+        dt = now - last_t
+        queries = totals.queries_tokens - last.queries_tokens
+        hits = totals.hits_tokens - last.hits_tokens
+        busy = totals.busy_s - last.busy_s
+
+        def per_s(x: float) -> float:
+            return x / dt if dt > 0 else 0.0
+
+        self._rows.append(
+            (
+                now,
+                sum(r.scheduler.num_waiting for r in self.replicas) + len(self._pending),
+                sum(r.scheduler.num_running for r in self.replicas),
+                sum(r.kv.usage for r in live) / len(live) if live else 0.0,
+                hits / queries if queries > 0 else 0.0,
+                per_s(totals.prompt_tokens - last.prompt_tokens),
+                per_s(totals.output_tokens - last.output_tokens),
+                min(1.0, per_s(busy) / len(live)) if live else 0.0,
+                num_finished,
+                num_ok,
+                len(self.accepting),
+                len(self.starting),
+                len(self.draining),
+            )
+        )
+        self._last = (now, totals)
+
+    @property
+    def rows(self) -> list[tuple[float, ...]]:
+        return self._rows
+
+    def replica_summary(self, end_s: float) -> list[dict[str, Any]]:
+        """Per replica: requests routed, hit rate, busy fraction of its lifetime, preemptions."""
+        out = []
+        for replica in self.replicas:
+            kv = replica.kv
+            stop = replica.stopped_s if replica.stopped_s is not None else end_s
+            lifetime = max(0.0, stop - replica.started_s)
+            out.append(
+                {
+                    "replica_id": replica.replica_id,
+                    "requests": replica.num_submitted,
+                    "prefix_cache_hit_rate": (
+                        kv.hits_tokens / kv.queries_tokens if kv.queries_tokens else None
+                    ),
+                    "busy_fraction": replica.busy_s / lifetime if lifetime > 0 else None,
+                    "preemptions": replica.scheduler.num_preemptions,
+                    "started_s": replica.started_s,
+                    "stopped_s": replica.stopped_s,
+                }
+            )
+        return out
