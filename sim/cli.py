@@ -80,6 +80,39 @@ def _print_summary(scenario: Scenario, summary: dict[str, Any]) -> None:
     sim = summary["sim"]
     facts.add_row("simulated / wall", f"{sim['simulated_s']:,.1f} s / {sim['wall_s']:.2f} s")
     stdout.print(facts)
+    if "fleet" in summary:
+        _print_fleet(summary["fleet"])
+
+
+def _print_fleet(fleet: dict[str, Any]) -> None:
+    table = Table(
+        title=f"fleet: {fleet['replicas']} replicas, {fleet['router']} routing",
+        title_justify="left",
+    )
+    for column in ("replica", "requests", "hit rate", "busy", "preemptions", "up (s)"):
+        table.add_column(column, justify="right")
+    for replica in fleet["per_replica"]:
+        hit, busy = replica["prefix_cache_hit_rate"], replica["busy_fraction"]
+        stopped = replica["stopped_s"]
+        table.add_row(
+            str(replica["replica_id"]),
+            str(replica["requests"]),
+            "—" if hit is None else f"{hit:.1%}",
+            "—" if busy is None else f"{busy:.0%}",
+            str(replica["preemptions"]),
+            f"{replica['started_s']:.0f}–" + ("" if stopped is None else f"{stopped:.0f}"),
+        )
+    stdout.print(table)
+    scaling = fleet.get("autoscaling")
+    if scaling:
+        events = ", ".join(
+            f"{e['time_s']:.0f}s {e['current']}→{e['desired']}" for e in scaling["events"]
+        )
+        stdout.print(
+            f"autoscaling on {scaling['metric']} (target {scaling['target']:g}, replica start-up "
+            f"{scaling['startup_s']:.0f} s): {events or 'no scale events'}",
+            highlight=False,
+        )
 
 
 @app.command()
@@ -120,7 +153,15 @@ def run(
         result = simulation.run(progress=lambda done, total: bar.update(task, completed=done))
     if out is not None:
         file_format: Literal["parquet", "csv"] = "csv" if fmt == "csv" else "parquet"
-        for path in result.write(out, file_format):
+        written = result.write(out, file_format)
+        if scenario.output.prometheus:
+            from sim.prometheus import openmetrics_backfill, write_backfill
+
+            text = openmetrics_backfill(
+                result.timeseries, result.records, model_name=scenario.resolve_model().name
+            )
+            written.append(write_backfill(Path(out) / "metrics.om", text))
+        for path in written:
             stderr.print(f"wrote {path}", highlight=False)
     if as_json:
         sys.stdout.write(json.dumps(result.summary, indent=2) + "\n")

@@ -35,7 +35,8 @@ class FleetReplica(Replica):
         self.accepting = True
         self.ready = True
         self.started_s = 0.0
-        self.stopped_s: float | None = None
+        self.drained_s: float | None = None  # when it stopped taking requests
+        self.stopped_s: float | None = None  # when it had finished them
 
     @property
     def outstanding(self) -> int:
@@ -73,6 +74,7 @@ class Fleet:
         num_replicas: int,
         max_model_len: int,
         on_finish: Callable[[Record], None],
+        id_offset: int = 0,
     ) -> None:
         if num_replicas < 1:
             raise ValueError(f"fleet.replicas: must be >= 1, got {num_replicas}")
@@ -81,18 +83,19 @@ class Fleet:
         self.router = router
         self.max_model_len = max_model_len
         self._on_finish = on_finish
+        self.id_offset = id_offset  # replica ids start here (a second pool numbers on)
         self.replicas: list[FleetReplica] = []
         self._rows: list[tuple[float, ...]] = []
         self._last = (0.0, _Totals())
-        self._pending: list[tuple[Request, Record]] = []
+        self._pending: list[tuple[Request, Record, dict[str, Any]]] = []
         for _ in range(num_replicas):
             self.add_replica(startup_s=0.0)
 
     # -- membership --------------------------------------------------------------------------
     def add_replica(self, startup_s: float) -> FleetReplica:
         """A new replica, ready (and routed to) after ``startup_s`` seconds."""
-        replica_id = len(self.replicas)
-        scheduler, latency_model = self.make_engine(replica_id)
+        replica_id = self.id_offset + len(self.replicas)
+        scheduler, latency_model = self.make_engine(len(self.replicas))
         replica = FleetReplica(
             self.env,
             replica_id,
@@ -112,12 +115,13 @@ class Fleet:
         yield self.env.timeout(startup_s)
         replica.ready = True
         pending, self._pending = self._pending, []
-        for request, record in pending:  # requests that found no replica accepting
-            self.submit(request, record)
+        for request, record, options in pending:  # requests that found no replica accepting
+            self.submit(request, record, **options)
 
     def drain(self, replica: FleetReplica) -> None:
         """Stop routing to ``replica``; it finishes what it holds and then stops."""
         replica.accepting = False
+        replica.drained_s = self.env.now
         if replica.outstanding == 0:
             replica.stopped_s = self.env.now
 
@@ -135,18 +139,19 @@ class Fleet:
         return [r for r in self.replicas if not r.accepting and r.stopped_s is None]
 
     # -- traffic -----------------------------------------------------------------------------
-    def submit(self, request: Request, record: Record) -> None:
-        """Route ``request`` to a replica now; it waits for one when none is ready."""
+    def submit(self, request: Request, record: Record, **options: Any) -> None:
+        """Route ``request`` to a replica now; it waits for one when none is ready.
+        ``options`` go to :meth:`Replica.submit` (disaggregated serving)."""
         candidates = self.accepting
         if not candidates:
-            self._pending.append((request, record))
+            self._pending.append((request, record, options))
             return
         keys = self._keys(request, candidates[0])
         prompt_blocks = request.prompt_tokens // candidates[0].kv.block_size
         chosen = self.router.choose(candidates, keys, request.session_id, prompt_blocks)
         assert isinstance(chosen, FleetReplica)
         chosen.num_submitted += 1
-        chosen.submit(request, record, keys=keys)
+        chosen.submit(request, record, keys=keys, **options)
 
     def _keys(self, request: Request, replica: FleetReplica) -> list[int]:
         kv = replica.kv
@@ -154,8 +159,11 @@ class Fleet:
             return []
         return block_keys(sequence_segments(request), kv.block_size, request.total_tokens)
 
+    def replica(self, replica_id: int) -> FleetReplica:
+        return self.replicas[replica_id - self.id_offset]
+
     def _finished(self, record: Record) -> None:
-        replica = self.replicas[record.replica_id]
+        replica = self.replica(record.replica_id)
         replica.num_finished += 1
         if not replica.accepting and replica.outstanding == 0 and replica.stopped_s is None:
             replica.stopped_s = self.env.now
@@ -225,6 +233,7 @@ class Fleet:
                     "busy_fraction": replica.busy_s / lifetime if lifetime > 0 else None,
                     "preemptions": replica.scheduler.num_preemptions,
                     "started_s": replica.started_s,
+                    "drained_s": replica.drained_s,
                     "stopped_s": replica.stopped_s,
                 }
             )

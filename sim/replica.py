@@ -47,10 +47,21 @@ class Replica:
         self.output_tokens_generated = 0
         self.process = env.process(self._engine_loop())
 
-    def submit(self, request: Request, record: Record, *, keys: list[int] | None = None) -> None:
+    def submit(
+        self,
+        request: Request,
+        record: Record,
+        *,
+        keys: list[int] | None = None,
+        hold_kv: bool = False,
+        remote_transfer_s: float = 0.0,
+        on_kv_admitted: Callable[[Sequence, float], None] | None = None,
+    ) -> None:
         """Accept a request now (or reject it) and wake the engine if it is idle.
 
         ``keys`` are the prompt's chained block keys when the caller (a router) already has them.
+        ``hold_kv`` and ``remote_transfer_s`` are for disaggregated serving (see
+        :class:`sim.scheduler.Sequence`): a remote sequence arrives with its first token.
         """
         record.replica_id = self.replica_id
         reason = self._rejection(request)
@@ -63,7 +74,20 @@ class Replica:
             keys = []
         elif keys is None:
             keys = block_keys(sequence_segments(request), self.kv.block_size, request.total_tokens)
-        self.scheduler.add(Sequence(request, record, keys))
+        seq = Sequence(request, record, keys, hold_kv=hold_kv)
+        if remote_transfer_s > 0:
+            seq.num_generated = 1
+            seq.remote_transfer_s = remote_transfer_s
+            seq.on_kv_admitted = on_kv_admitted
+        self.scheduler.add(seq)
+        self._wake()
+
+    def release_kv(self, request_id: int) -> None:
+        """Free a finished request's held blocks (its KV has been sent) and wake the engine."""
+        self.kv.free(request_id)
+        self._wake()
+
+    def _wake(self) -> None:
         if self._wakeup is not None and not self._wakeup.triggered:
             self._wakeup.succeed()
 

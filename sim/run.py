@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable, Generator
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -20,6 +20,14 @@ import simpy
 
 from sim import arrivals as arr
 from sim import lengths as lens
+from sim.autoscaler import (
+    Autoscaler,
+    AutoscalerConfig,
+    ScalingPolicy,
+    ScalingRules,
+    startup_seconds,
+)
+from sim.disagg import DisaggConfig, DisaggregatedFleet
 from sim.fleet import EngineFactory, Fleet
 from sim.hardware import GPU
 from sim.kv_cache import KVCacheManager
@@ -47,11 +55,15 @@ from sim.router import Router
 from sim.scenario import (
     ArrivalSpec,
     ConstantLatencySpec,
+    DisaggregationSpec,
     ExponentialLatencySpec,
     LengthSpec,
     MultiTurnSpec,
+    PoolSpec,
     ProfileLatencySpec,
     RooflineLatencySpec,
+    RouterSpec,
+    ScalingRulesSpec,
     Scenario,
     SharedPrefixSpec,
     WorkloadSpec,
@@ -321,6 +333,8 @@ class Simulation:
         num_replicas: int = 1,
         make_engine: EngineFactory | None = None,
         router: Router | None = None,
+        autoscaler: AutoscalerConfig | None = None,
+        disaggregation: DisaggConfig | None = None,
     ) -> None:
         """``scheduler`` and ``latency_model`` are replica 0's engine; with ``num_replicas`` > 1,
         ``make_engine(i)`` makes the others' and ``router`` spreads requests over them."""
@@ -336,6 +350,8 @@ class Simulation:
         self.frontend_overhead_s = frontend_overhead_s
         self.num_replicas = num_replicas
         self.router = router or Router("round_robin", np.random.default_rng(0))
+        self.autoscaler_config = autoscaler
+        self.disaggregation = disaggregation
         first = (scheduler, latency_model)
 
         def engines(i: int) -> tuple[Scheduler, IterationTimeModel]:
@@ -346,7 +362,7 @@ class Simulation:
 
         self.make_engine = engines
         self.records: list[Record] = []
-        self.fleet: Fleet | None = None
+        self.fleet: Fleet | DisaggregatedFleet | None = None
         self._ran = False
 
     def run(self, progress: Callable[[int, int], None] | None = None) -> SimResult:
@@ -383,6 +399,8 @@ class Simulation:
             nonlocal finished, num_ok
             finished += 1
             num_ok += record.status == RequestStatus.OK
+            if scaler is not None:
+                scaler.observe(record)
             for child in children.get(record.request_id, ()):
                 env.process(release(child))
             if progress is not None and finished % progress_every == 0:
@@ -390,15 +408,26 @@ class Simulation:
             if finished == total:
                 all_done.succeed()
 
-        fleet = Fleet(
-            env,
-            self.make_engine,
-            self.router,
-            num_replicas=self.num_replicas,
-            max_model_len=self.max_model_len,
-            on_finish=on_finish,
-        )
+        fleet: Fleet | DisaggregatedFleet
+        if self.disaggregation is not None:
+            fleet = DisaggregatedFleet(
+                env, self.disaggregation, max_model_len=self.max_model_len, on_finish=on_finish
+            )
+        else:
+            fleet = Fleet(
+                env,
+                self.make_engine,
+                self.router,
+                num_replicas=self.num_replicas,
+                max_model_len=self.max_model_len,
+                on_finish=on_finish,
+            )
         self.fleet = fleet
+        scaler = None
+        if self.autoscaler_config is not None:
+            assert isinstance(fleet, Fleet)
+            scaler = Autoscaler(env, fleet, self.autoscaler_config)
+            scaler.start()
 
         def arrivals() -> Generator[simpy.Event, Any, None]:
             # The server's front end holds every request the same time before the engine sees
@@ -447,14 +476,33 @@ class Simulation:
             simulated_s=float(env.now),
             num_events=sum(r.num_steps for r in replicas) + total + len(fleet.rows),
         )
-        if len(replicas) > 1:
+        if len(replicas) > 1 or scaler is not None:
             summary["fleet"] = {
                 "replicas": len(replicas),
-                "router": self.router.policy,
-                "router_affinity_hits": self.router.num_affinity_hits,
-                "router_hash_placements": self.router.num_hash_placements,
-                "router_overflows": self.router.num_overflows,
+                "router": fleet.router.policy,
+                "router_affinity_hits": fleet.router.num_affinity_hits,
+                "router_hash_placements": fleet.router.num_hash_placements,
+                "router_overflows": fleet.router.num_overflows,
                 "per_replica": fleet.replica_summary(float(env.now)),
+            }
+        if isinstance(fleet, DisaggregatedFleet):
+            transfers = np.asarray(fleet.transfer_s, dtype=np.float64)
+            summary["fleet"]["disaggregation"] = {
+                "prefill_replicas": len(fleet.prefill.replicas),
+                "decode_replicas": len(fleet.decode.replicas),
+                "kv_transfers": int(transfers.size),
+                "kv_transfer_s_mean": float(transfers.mean()) if transfers.size else None,
+                "kv_transfer_s_p99": (
+                    float(np.percentile(transfers, 99)) if transfers.size else None
+                ),
+            }
+        if scaler is not None:
+            summary["fleet"]["autoscaling"] = {
+                "metric": scaler.config.metric,
+                "target": scaler.config.target,
+                "startup_s": scaler.config.startup_s,
+                "max_replicas_reached": max(int(row[10] + row[11]) for row in fleet.rows),
+                "events": [asdict(event) for event in scaler.events],
             }
         timeseries = pd.DataFrame(fleet.rows, columns=list(TIMESERIES_COLUMNS))
         return SimResult(frame, timeseries, summary, token_times_frame(records))
@@ -474,6 +522,82 @@ def scenario_requests(scenario: Scenario) -> list[Request]:
     return build_requests(scenario.workload, _seeds(scenario)[0])
 
 
+@dataclass
+class _Engines:
+    """One pool's engine factory and what it was planned with."""
+
+    make_engine: EngineFactory
+    plan: MemoryPlan
+    max_model_len: int
+    frontend_overhead_s: float
+
+
+def _engines(
+    scenario: Scenario,
+    latency_seed: np.random.SeedSequence,
+    coefficients: CalibratedCoefficients | None,
+    field: str = "engine",
+) -> _Engines:
+    """Engines for the scenario's model on its GPU, with its engine knobs (``field`` names the
+    section an impossible setup is reported under)."""
+    model = scenario.resolve_model()
+    gpu = scenario.resolve_gpu()
+    plan = memory_plan(scenario, model, gpu)
+    engine = scenario.engine
+    max_model_len = engine.max_model_len or model.max_position_embeddings
+    if max_model_len > plan.kv_capacity_tokens:
+        raise ValueError(
+            f"{field}.max_model_len: {max_model_len} tokens exceed the KV cache's "
+            f"{plan.kv_capacity_tokens} tokens on {gpu.name}, so vLLM would refuse to start; "
+            "lower max_model_len, raise gpu_memory_utilization or tensor_parallel_size, or use "
+            "kv_cache_dtype: fp8"
+        )
+    # Only continuous batching reuses cached prefixes; the others would just pay for the keys.
+    caching = engine.enable_prefix_caching and engine.batching == "continuous"
+
+    def replica_seed(i: int) -> np.random.SeedSequence:
+        """Replica i's step-time draws (for a random step model) come from its own stream:
+        replica 0 the latency seed itself, replica i its (i-1)-th spawned child."""
+        if i == 0:
+            return latency_seed
+        key = (*latency_seed.spawn_key, i - 1)
+        return np.random.SeedSequence(latency_seed.entropy, spawn_key=key)
+
+    def make_engine(i: int) -> tuple[Scheduler, IterationTimeModel]:
+        kv = KVCacheManager(plan.num_blocks, engine.block_size, caching)
+        latency_model: IterationTimeModel
+        if coefficients is not None:
+            latency_model = CalibratedModel(coefficients)
+        else:
+            rng = np.random.default_rng(replica_seed(i))
+            latency_model, _ = make_latency_model(scenario, model, gpu, rng)
+        return make_scheduler(scenario, kv), latency_model
+
+    if coefficients is not None:
+        frontend_overhead_s = coefficients.frontend_overhead_s
+    else:
+        _, frontend_overhead_s = make_latency_model(scenario, model, gpu, np.random.default_rng(0))
+    return _Engines(make_engine, plan, max_model_len, frontend_overhead_s)
+
+
+def _router(spec: RouterSpec, seed: np.random.SeedSequence) -> Router:
+    return Router(
+        spec.policy,
+        np.random.default_rng(seed),
+        load_bound=spec.load_bound,
+        load_slack=spec.load_slack,
+        min_match=spec.min_match,
+    )
+
+
+def pool_scenario(scenario: Scenario, pool: PoolSpec) -> Scenario:
+    """The scenario as one disaggregated pool sees it: its own GPU and TP where it sets them."""
+    engine = scenario.engine
+    if pool.tensor_parallel_size is not None:
+        engine = engine.model_copy(update={"tensor_parallel_size": pool.tensor_parallel_size})
+    return scenario.model_copy(update={"gpu": pool.gpu or scenario.gpu, "engine": engine})
+
+
 def build(
     scenario: Scenario,
     *,
@@ -487,60 +611,107 @@ def build(
     ``coefficients`` its latency section (a calibrated model being fitted).
     """
     workload_seed, latency_seed, router_seed = _seeds(scenario)
-    model = scenario.resolve_model()
-    gpu = scenario.resolve_gpu()
-    plan = memory_plan(scenario, model, gpu)
-    engine = scenario.engine
-    max_model_len = engine.max_model_len or model.max_position_embeddings
-    if max_model_len > plan.kv_capacity_tokens:
-        raise ValueError(
-            f"engine.max_model_len: {max_model_len} tokens exceed the KV cache's "
-            f"{plan.kv_capacity_tokens} tokens on {gpu.name}, so vLLM would refuse to start; "
-            "lower max_model_len, raise gpu_memory_utilization or tensor_parallel_size, or use "
-            "kv_cache_dtype: fp8"
-        )
-    # Only continuous batching reuses cached prefixes; the others would just pay for the keys.
-    caching = engine.enable_prefix_caching and engine.batching == "continuous"
     if requests is None:
         requests = build_requests(scenario.workload, workload_seed)
     slo = SLO(scenario.slo.ttft_s, scenario.slo.tpot_s, scenario.slo.percentile)
-    # Replica i's step-time draws (for a random step model) come from its own stream.
-    replica_seeds = [latency_seed, *latency_seed.spawn(scenario.fleet.replicas - 1)]
-
-    def make_engine(i: int) -> tuple[Scheduler, IterationTimeModel]:
-        kv = KVCacheManager(plan.num_blocks, engine.block_size, caching)
-        latency_model: IterationTimeModel
-        if coefficients is not None:
-            latency_model = CalibratedModel(coefficients)
-        else:
-            rng = np.random.default_rng(replica_seeds[i % len(replica_seeds)])
-            latency_model, _ = make_latency_model(scenario, model, gpu, rng)
-        return make_scheduler(scenario, kv), latency_model
-
-    if coefficients is not None:
-        frontend_overhead_s = coefficients.frontend_overhead_s
-    else:
-        _, frontend_overhead_s = make_latency_model(scenario, model, gpu, np.random.default_rng(0))
-    scheduler, latency_model = make_engine(0)
-    router_spec = scenario.fleet.router
+    disagg = scenario.fleet.disaggregation
+    if disagg is not None:
+        return _build_disaggregated(
+            scenario, requests, slo, latency_seed, router_seed, coefficients, disagg
+        )
+    engines = _engines(scenario, latency_seed, coefficients)
+    scheduler, latency_model = engines.make_engine(0)
     return Simulation(
         requests,
         scheduler,
         latency_model,
-        frontend_overhead_s=frontend_overhead_s,
-        max_model_len=max_model_len,
+        frontend_overhead_s=engines.frontend_overhead_s,
+        max_model_len=engines.max_model_len,
         slo=slo,
         sample_interval_s=scenario.output.sample_interval_s,
-        kv_capacity_tokens=plan.kv_capacity_tokens,
+        kv_capacity_tokens=engines.plan.kv_capacity_tokens,
         num_replicas=scenario.fleet.replicas,
-        make_engine=make_engine,
-        router=Router(
-            router_spec.policy,
-            np.random.default_rng(router_seed),
-            load_bound=router_spec.load_bound,
-            load_slack=router_spec.load_slack,
-            min_match=router_spec.min_match,
-        ),
+        make_engine=engines.make_engine,
+        router=_router(scenario.fleet.router, router_seed),
+        autoscaler=autoscaler_config(scenario, engines.plan),
+    )
+
+
+def _build_disaggregated(
+    scenario: Scenario,
+    requests: list[Request],
+    slo: SLO,
+    latency_seed: np.random.SeedSequence,
+    router_seed: np.random.SeedSequence,
+    coefficients: CalibratedCoefficients | None,
+    spec: DisaggregationSpec,
+) -> Simulation:
+    if scenario.engine.batching != "continuous":
+        raise ValueError(
+            "fleet.disaggregation: needs engine.batching: continuous (a decode replica admits "
+            "requests whose KV arrives mid-flight)"
+        )
+    prefill_seed, decode_seed = latency_seed.spawn(2)
+    prefill = _engines(
+        pool_scenario(scenario, spec.prefill),
+        prefill_seed,
+        coefficients,
+        "fleet.disaggregation.prefill",
+    )
+    decode = _engines(
+        pool_scenario(scenario, spec.decode),
+        decode_seed,
+        coefficients,
+        "fleet.disaggregation.decode",
+    )
+    prefill_router_seed, decode_router_seed = router_seed.spawn(2)
+    config = DisaggConfig(
+        num_prefill=spec.prefill.replicas,
+        num_decode=spec.decode.replicas,
+        make_prefill=prefill.make_engine,
+        make_decode=decode.make_engine,
+        prefill_router=_router(scenario.fleet.router, prefill_router_seed),
+        decode_router=Router(spec.decode_router, np.random.default_rng(decode_router_seed)),
+        kv_bytes_per_token=prefill.plan.kv_bytes_per_token,
+        link_bandwidth_bytes_per_s=spec.link_bandwidth_gb_s * 1e9,
+        link_latency_s=spec.link_latency_s,
+    )
+    scheduler, latency_model = prefill.make_engine(0)
+    return Simulation(
+        requests,
+        scheduler,
+        latency_model,
+        frontend_overhead_s=prefill.frontend_overhead_s,
+        max_model_len=min(prefill.max_model_len, decode.max_model_len),
+        slo=slo,
+        sample_interval_s=scenario.output.sample_interval_s,
+        kv_capacity_tokens=decode.plan.kv_capacity_tokens,
+        disaggregation=config,
+    )
+
+
+def autoscaler_config(scenario: Scenario, plan: MemoryPlan) -> AutoscalerConfig | None:
+    """The scenario's HPA, with a start-up time from its weights per GPU."""
+    spec = scenario.fleet.autoscaling
+    if spec is None:
+        return None
+
+    def rules(r: ScalingRulesSpec) -> ScalingRules:
+        policies = tuple(ScalingPolicy(p.type, p.value, p.period_s) for p in r.policies)
+        return ScalingRules(r.stabilization_window_s, policies, r.select)
+
+    return AutoscalerConfig(
+        min_replicas=spec.min_replicas,
+        max_replicas=spec.max_replicas,
+        metric=spec.metric,
+        target=spec.target,
+        startup_s=startup_seconds(spec.container_start_s, plan.weight_bytes, spec.weight_load_gb_s),
+        percentile=spec.percentile,
+        window_s=spec.window_s,
+        sync_period_s=spec.sync_period_s,
+        tolerance=spec.tolerance,
+        scale_up=rules(spec.scale_up),
+        scale_down=rules(spec.scale_down),
     )
 
 

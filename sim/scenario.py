@@ -387,11 +387,103 @@ class RouterSpec(Spec):
     min_match: Annotated[float, Field(ge=0, le=1)] = 0.5
 
 
+class ScalingPolicySpec(Spec):
+    """At most ``value`` pods, or ``value`` per cent of the replicas, per ``period_s``."""
+
+    type: Literal["pods", "percent"]
+    value: PositiveFloat
+    period_s: PositiveFloat = 15.0
+
+
+class ScalingRulesSpec(Spec):
+    """One direction of an HPA ``behavior``: window, policies, and which policy wins."""
+
+    stabilization_window_s: Annotated[float, Field(ge=0)]
+    policies: list[ScalingPolicySpec]
+    select: Literal["max", "min", "disabled"] = "max"
+
+
+class AutoscalingSpec(Spec):
+    """A Kubernetes HorizontalPodAutoscaler on the fleet (sim/autoscaler.py). Defaults are
+    Kubernetes' own; ``container_start_s`` and ``weight_load_gb_s`` set a new replica's
+    start-up (container and engine start, then each GPU reading its share of the weights)."""
+
+    min_replicas: PositiveInt = 1
+    max_replicas: Annotated[int, Field(ge=1, le=4096)] = 10
+    metric: Literal["ttft_ms", "waiting_per_replica", "running_per_replica", "kv_usage"] = "ttft_ms"
+    target: PositiveFloat
+    percentile: Annotated[float, Field(gt=0, le=100)] = 90.0
+    window_s: PositiveFloat = 60.0
+    sync_period_s: PositiveFloat = 15.0
+    tolerance: Annotated[float, Field(ge=0, lt=1)] = 0.1
+    scale_up: ScalingRulesSpec = ScalingRulesSpec(
+        stabilization_window_s=0.0,
+        policies=[
+            ScalingPolicySpec(type="pods", value=4, period_s=15),
+            ScalingPolicySpec(type="percent", value=100, period_s=15),
+        ],
+    )
+    scale_down: ScalingRulesSpec = ScalingRulesSpec(
+        stabilization_window_s=300.0,
+        policies=[ScalingPolicySpec(type="percent", value=100, period_s=15)],
+    )
+    container_start_s: Annotated[float, Field(ge=0)] = 30.0
+    weight_load_gb_s: PositiveFloat = 2.0
+
+    @model_validator(mode="after")
+    def _bounds(self) -> AutoscalingSpec:
+        if self.min_replicas > self.max_replicas:
+            raise ValueError(
+                f"min_replicas ({self.min_replicas}) is above max_replicas ({self.max_replicas})"
+            )
+        return self
+
+
+class PoolSpec(Spec):
+    """One pool of a disaggregated fleet: its size, and its own GPU and TP where they differ."""
+
+    replicas: Annotated[int, Field(ge=1, le=4096)]
+    gpu: str | CustomGPUSpec | None = None
+    tensor_parallel_size: Annotated[int, Field(ge=1, le=64)] | None = None
+
+
+class DisaggregationSpec(Spec):
+    """Prefill/decode disaggregation (sim/disagg.py): ``prefill`` and ``decode`` pools and the
+    link the KV cache crosses between them. The default link is one 200 Gb/s RDMA NIC per GPU
+    (25 GB/s) with 0.5 ms set-up; set yours."""
+
+    prefill: PoolSpec
+    decode: PoolSpec
+    link_bandwidth_gb_s: PositiveFloat = 25.0
+    link_latency_s: Annotated[float, Field(ge=0)] = 0.0005
+    decode_router: Literal["round_robin", "random", "least_outstanding", "least_kv"] = (
+        "least_outstanding"
+    )
+
+
 class FleetSpec(Spec):
-    """Identical replicas of the engine behind one router."""
+    """Identical replicas of the engine behind one router, optionally autoscaled; or, with
+    ``disaggregation``, separate prefill and decode pools (``replicas`` is then unused)."""
 
     replicas: Annotated[int, Field(ge=1, le=4096)] = 1
     router: RouterSpec = RouterSpec()
+    autoscaling: AutoscalingSpec | None = None
+    disaggregation: DisaggregationSpec | None = None
+
+    @model_validator(mode="after")
+    def _start_within_bounds(self) -> FleetSpec:
+        if self.autoscaling is not None and self.disaggregation is not None:
+            raise ValueError(
+                "autoscaling a disaggregated fleet is not modelled yet; remove autoscaling or "
+                "disaggregation"
+            )
+        scaling = self.autoscaling
+        if scaling and not scaling.min_replicas <= self.replicas <= scaling.max_replicas:
+            raise ValueError(
+                f"replicas ({self.replicas}) must be within autoscaling.min_replicas "
+                f"({scaling.min_replicas}) and max_replicas ({scaling.max_replicas})"
+            )
+        return self
 
 
 class SLOSpec(Spec):
@@ -407,6 +499,9 @@ class OutputSpec(Spec):
 
     sample_interval_s: Annotated[float, Field(ge=0.001)] = 1.0
     record_token_times: bool = False
+    # With --out: also metrics.om, the time series under vLLM's Prometheus names (OpenMetrics
+    # with timestamps, for promtool tsdb create-blocks-from openmetrics).
+    prometheus: bool = False
 
 
 Dtype = Literal["bf16", "fp16", "fp8", "int8", "int4"]

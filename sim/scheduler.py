@@ -25,6 +25,7 @@ import itertools
 import math
 from array import array
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
@@ -46,6 +47,15 @@ class Sequence:
     num_generated: int = 0
     last_token_s: float = math.nan
     finished: bool = False
+    # Disaggregated serving. A prefill replica keeps a finished sequence's KV (``hold_kv``)
+    # until it has been sent. A decode replica admits a sequence whose prompt KV comes from a
+    # prefill replica (``remote_transfer_s`` > 0): its blocks are allocated on admission, the
+    # transfer takes that long, and it decodes from ``kv_ready_s`` on; ``on_kv_admitted`` is
+    # told when the transfer starts and ends.
+    hold_kv: bool = False
+    remote_transfer_s: float = 0.0
+    kv_ready_s: float = math.nan
+    on_kv_admitted: Callable[[Sequence, float], None] | None = None
 
     @property
     def request_id(self) -> int:
@@ -239,12 +249,16 @@ class ContinuousBatchScheduler(_SchedulerBase):
         return len(self.running)
 
     def wake_time(self, now: float) -> float | None:
-        """Continuous batching never waits on a timer."""
-        return None
+        """When the next transferred KV arrives, if a running request waits for one."""
+        pending = [s.kv_ready_s for s in self.running if s.kv_ready_s > now]
+        return min(pending) if pending else None
 
     def _preempt(self, victim: Sequence) -> None:
         self.kv.free(victim.request_id)
         victim.num_computed_tokens = 0
+        # A preempted decode of remote KV recomputes it here, like any preempted request.
+        victim.remote_transfer_s = 0.0
+        victim.kv_ready_s = math.nan
         victim.record.num_preemptions += 1
         self.num_preemptions += 1
         self.waiting.push_front(victim)
@@ -268,6 +282,9 @@ class ContinuousBatchScheduler(_SchedulerBase):
         index = 0
         while index < len(self.running) and budget > 0:
             seq = self.running[index]
+            if seq.kv_ready_s > now:  # its KV is still on the way from a prefill replica
+                index += 1
+                continue
             num_new = seq.num_tokens - seq.num_computed_tokens
             if config.enable_chunked_prefill:
                 num_new = min(num_new, budget)
@@ -300,6 +317,10 @@ class ContinuousBatchScheduler(_SchedulerBase):
         if not preempted:
             while len(self.waiting) and budget > 0 and len(self.running) < config.max_num_seqs:
                 seq = self.waiting.peek()
+                if seq.remote_transfer_s > 0:
+                    if not self._admit_remote(seq, now):
+                        break
+                    continue
                 computed_blocks: list[int] = []
                 num_hit = 0
                 if seq.num_computed_tokens == 0:
@@ -327,12 +348,28 @@ class ContinuousBatchScheduler(_SchedulerBase):
             return None if not preempted else StepPlan([], preempted, BatchShape())
         return StepPlan(scheduled, preempted, _shape(scheduled))
 
+    def _admit_remote(self, seq: Sequence, now: float) -> bool:
+        """Allocate blocks for a prompt whose KV a prefill replica sends; False if none free."""
+        prompt = seq.num_tokens - 1  # the first token came with it, its KV not computed yet
+        if not self.kv.allocate_slots(seq.request_id, seq.keys, 0, prompt):
+            return False
+        self.waiting.pop()
+        seq.num_computed_tokens = prompt
+        seq.kv_ready_s = now + seq.remote_transfer_s
+        seq.last_token_s = seq.kv_ready_s
+        self.running.append(seq)
+        if seq.on_kv_admitted is not None:
+            seq.on_kv_admitted(seq, now)
+        return True
+
     def complete(self, plan: StepPlan, now: float) -> list[Sequence]:
-        """Advance every scheduled request by its tokens; free and return the finished ones."""
+        """Advance every scheduled request by its tokens; free and return the finished ones
+        (a prefill replica's ``hold_kv`` ones keep their blocks until released)."""
         finished = []
         for seq, num_new in plan.scheduled:
             if self._advance(seq, num_new, now):
-                self.kv.free(seq.request_id)
+                if not seq.hold_kv:
+                    self.kv.free(seq.request_id)
                 finished.append(seq)
         if finished:
             self.running = [s for s in self.running if not s.finished]
