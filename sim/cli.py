@@ -75,6 +75,17 @@ def _print_summary(scenario: Scenario, summary: dict[str, Any]) -> None:
     facts.add_row("prefix-cache hit rate", f"{summary['prefix_cache']['hit_rate']:.1%}")
     facts.add_row("preemptions", str(summary["preemptions"]))
     facts.add_row("KV capacity (tokens)", f"{summary['kv_capacity_tokens']:,}")
+    cost = summary.get("cost")
+    if cost is not None:
+        facts.add_row("GPU-hours", f"{cost['gpu_hours']:,.2f}")
+        if cost["total_usd"] is None:
+            facts.add_row("cost", f"no price for {', '.join(cost['missing_prices'])}")
+        else:
+            facts.add_row("cost (USD/hour)", f"{cost['usd_per_hour']:,.2f}")
+            per_m = cost["usd_per_million_output_tokens"]
+            facts.add_row(
+                "USD per million output tokens", "—" if per_m is None else f"{per_m:,.3f}"
+            )
     statuses = ", ".join(f"{k} {v}" for k, v in requests.items() if k != "total" and v)
     facts.add_row("requests", f"{requests['total']:,} ({statuses})")
     sim = summary["sim"]

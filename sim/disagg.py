@@ -22,7 +22,7 @@ from typing import Any
 
 import simpy
 
-from sim.fleet import EngineFactory, Fleet, FleetReplica, _Totals
+from sim.fleet import EngineFactory, Fleet, FleetReplica, HardwareOf, _Totals
 from sim.request import Record, Request, RequestStatus
 from sim.router import Router
 from sim.scheduler import Sequence
@@ -41,6 +41,8 @@ class DisaggConfig:
     kv_bytes_per_token: float  # per GPU of the prefill pool (each GPU sends its shard)
     link_bandwidth_bytes_per_s: float
     link_latency_s: float
+    prefill_hardware: HardwareOf | None = None
+    decode_hardware: HardwareOf | None = None
 
     def transfer_s(self, prompt_tokens: int) -> float:
         return (
@@ -70,6 +72,7 @@ class DisaggregatedFleet:
             num_replicas=config.num_prefill,
             max_model_len=max_model_len,
             on_finish=self._prefilled,
+            hardware=config.prefill_hardware,
         )
         self.decode = Fleet(
             env,
@@ -79,6 +82,7 @@ class DisaggregatedFleet:
             max_model_len=max_model_len,
             on_finish=on_finish,
             id_offset=config.num_prefill,
+            hardware=config.decode_hardware,
         )
         self.router = config.prefill_router
         self._pending: dict[int, tuple[Request, Record]] = {}
@@ -160,6 +164,7 @@ class DisaggregatedFleet:
                 p[10] + d[10],
                 p[11] + d[11],
                 p[12] + d[12],
+                p[13] + d[13],
             )
         )
 

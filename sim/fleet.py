@@ -9,6 +9,7 @@ what an autoscaler does.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -25,6 +26,19 @@ from sim.scheduler import Scheduler
 EngineFactory = Callable[[int], tuple[Scheduler, IterationTimeModel]]
 
 
+@dataclass(frozen=True)
+class ReplicaHardware:
+    """What replica ``i`` runs on, for cost: its GPU, how many, and the price per GPU-hour."""
+
+    gpu: str = "unknown"
+    num_gpus: int = 1
+    gpu_hour_usd: float | None = None
+
+
+#: Says what replica ``i`` runs on.
+HardwareOf = Callable[[int], ReplicaHardware]
+
+
 class FleetReplica(Replica):
     """A replica as the router sees it: outstanding requests, KV use, cached prefixes."""
 
@@ -34,6 +48,7 @@ class FleetReplica(Replica):
         self.num_finished = 0
         self.accepting = True
         self.ready = True
+        self.hardware = ReplicaHardware()
         self.started_s = 0.0
         self.drained_s: float | None = None  # when it stopped taking requests
         self.stopped_s: float | None = None  # when it had finished them
@@ -75,6 +90,7 @@ class Fleet:
         max_model_len: int,
         on_finish: Callable[[Record], None],
         id_offset: int = 0,
+        hardware: HardwareOf | None = None,
     ) -> None:
         if num_replicas < 1:
             raise ValueError(f"fleet.replicas: must be >= 1, got {num_replicas}")
@@ -84,6 +100,7 @@ class Fleet:
         self.max_model_len = max_model_len
         self._on_finish = on_finish
         self.id_offset = id_offset  # replica ids start here (a second pool numbers on)
+        self.hardware = hardware or (lambda i: ReplicaHardware())
         self.replicas: list[FleetReplica] = []
         self._rows: list[tuple[float, ...]] = []
         self._last = (0.0, _Totals())
@@ -105,6 +122,7 @@ class Fleet:
             on_finish=self._finished,
         )
         replica.started_s = self.env.now
+        replica.hardware = self.hardware(len(self.replicas))
         self.replicas.append(replica)
         if startup_s > 0:
             replica.ready = False
@@ -208,9 +226,21 @@ class Fleet:
                 len(self.accepting),
                 len(self.starting),
                 len(self.draining),
+                self.cost_per_hour(),
             )
         )
         self._last = (now, totals)
+
+    def cost_per_hour(self) -> float:
+        """USD per hour of every replica started and not stopped (NaN if one has no price)."""
+        total = 0.0
+        for replica in self.replicas:
+            if replica.stopped_s is None:
+                price = replica.hardware.gpu_hour_usd
+                if price is None:
+                    return math.nan
+                total += price * replica.hardware.num_gpus
+        return total
 
     @property
     def rows(self) -> list[tuple[float, ...]]:
@@ -232,6 +262,8 @@ class Fleet:
                     ),
                     "busy_fraction": replica.busy_s / lifetime if lifetime > 0 else None,
                     "preemptions": replica.scheduler.num_preemptions,
+                    "gpu": replica.hardware.gpu,
+                    "num_gpus": replica.hardware.num_gpus,
                     "started_s": replica.started_s,
                     "drained_s": replica.drained_s,
                     "stopped_s": replica.stopped_s,

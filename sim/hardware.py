@@ -94,7 +94,8 @@ class GPU:
     ``link_bandwidth_bytes_per_s`` is the per-GPU, one-direction rate to peers in the same node
     (see the module docstring). ``fp8_flops``, ``int8_ops`` and ``tf32_flops`` are ``None`` where
     the GPU has no tensor cores for that type; :meth:`tensor_flops` then raises.
-    ``hourly_cost_usd`` is ``None`` unless a scenario supplies a price. Every number is checked
+    ``hourly_cost_usd`` is a default price per GPU-hour where one is cited (DEFAULT_PRICE_SOURCE),
+    else ``None``; a scenario can set any. Every number is checked
     on construction: a non-positive or non-finite value raises ``ValueError`` naming the field.
     """
 
@@ -179,6 +180,14 @@ def reported_memory_bytes(gpu: GPU) -> float:
     return gpu.memory_bytes / 1e9 * 2**30 * REPORTED_FRACTION_OF_GIB
 
 
+#: Where the catalogue's default GPU-hour prices come from: "H100 vs A100 Cloud Pricing: When the
+#: Upgrade Pays Off", https://pricegpu.pages.dev/blog/h100-vs-a100-cloud-price (typical
+#: on-demand list prices in early 2026 across Lambda, CoreWeave, RunPod and others: A100 80GB SXM
+#: $1.49–2.49/h, H100 SXM 80GB $2.49–3.99/h); the defaults are the middles of those ranges. Other
+#: GPUs have no default: a scenario sets their price (``cost.gpu_hour_usd``). Prices move; set
+#: your own.
+DEFAULT_PRICE_SOURCE = "https://pricegpu.pages.dev/blog/h100-vs-a100-cloud-price (early 2026)"
+
 GPU_CATALOG: dict[str, GPU] = {
     # NVIDIA A100 Tensor Core GPU datasheet (nvidia-a100-datasheet-us-nvidia-1758950-r4-web.pdf),
     # https://www.nvidia.com/content/dam/en-zz/Solutions/Data-Center/a100/pdf/nvidia-a100-datasheet-us-nvidia-1758950-r4-web.pdf
@@ -204,6 +213,7 @@ GPU_CATALOG: dict[str, GPU] = {
         int8_ops=624e12,
         link_bandwidth_bytes_per_s=300e9,
         tf32_flops=156e12,
+        hourly_cost_usd=1.99,  # see DEFAULT_PRICE_SOURCE
     ),
     # Same A100 datasheet, "A100 40GB PCIe" / "A100 80GB PCIe" columns: same tensor rates as SXM;
     # 1,555 GB/s (40 GB) and 1,935 GB/s (80 GB); interconnect "NVIDIA NVLink Bridge for 2 GPUs:
@@ -245,6 +255,7 @@ GPU_CATALOG: dict[str, GPU] = {
         int8_ops=1978.9e12,
         link_bandwidth_bytes_per_s=450e9,
         tf32_flops=494.7e12,
+        hourly_cost_usd=3.24,  # see DEFAULT_PRICE_SOURCE
     ),
     # Same H100 datasheet, "H100 PCIe" column: 80 GB, 2 TB/s, BF16 1,513 TFLOPS*, FP8 3,026*,
     # INT8 3,026 TOPS*, TF32 756* (halved); Hopper whitepaper "H100 PCIe": BF16 756, FP8 1,513,

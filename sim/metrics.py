@@ -35,6 +35,7 @@ TIMESERIES_COLUMNS = (
     "num_replicas",  # ready and accepting requests
     "num_replicas_starting",
     "num_replicas_draining",
+    "cost_usd_per_hour",  # GPUs of every replica started and not yet stopped × their price
 )
 
 

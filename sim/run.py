@@ -28,7 +28,7 @@ from sim.autoscaler import (
     startup_seconds,
 )
 from sim.disagg import DisaggConfig, DisaggregatedFleet
-from sim.fleet import EngineFactory, Fleet
+from sim.fleet import EngineFactory, Fleet, FleetReplica, HardwareOf, ReplicaHardware
 from sim.hardware import GPU
 from sim.kv_cache import KVCacheManager
 from sim.latency import (
@@ -335,6 +335,7 @@ class Simulation:
         router: Router | None = None,
         autoscaler: AutoscalerConfig | None = None,
         disaggregation: DisaggConfig | None = None,
+        hardware: HardwareOf | None = None,
     ) -> None:
         """``scheduler`` and ``latency_model`` are replica 0's engine; with ``num_replicas`` > 1,
         ``make_engine(i)`` makes the others' and ``router`` spreads requests over them."""
@@ -352,6 +353,7 @@ class Simulation:
         self.router = router or Router("round_robin", np.random.default_rng(0))
         self.autoscaler_config = autoscaler
         self.disaggregation = disaggregation
+        self.hardware = hardware
         first = (scheduler, latency_model)
 
         def engines(i: int) -> tuple[Scheduler, IterationTimeModel]:
@@ -421,6 +423,7 @@ class Simulation:
                 num_replicas=self.num_replicas,
                 max_model_len=self.max_model_len,
                 on_finish=on_finish,
+                hardware=self.hardware,
             )
         self.fleet = fleet
         scaler = None
@@ -476,6 +479,9 @@ class Simulation:
             simulated_s=float(env.now),
             num_events=sum(r.num_steps for r in replicas) + total + len(fleet.rows),
         )
+        summary["cost"] = cost_summary(
+            replicas, float(env.now), int(frame.loc[frame["status"] == "ok", "output_tokens"].sum())
+        )
         if len(replicas) > 1 or scaler is not None:
             summary["fleet"] = {
                 "replicas": len(replicas),
@@ -530,6 +536,7 @@ class _Engines:
     plan: MemoryPlan
     max_model_len: int
     frontend_overhead_s: float
+    hardware: ReplicaHardware
 
 
 def _engines(
@@ -577,7 +584,10 @@ def _engines(
         frontend_overhead_s = coefficients.frontend_overhead_s
     else:
         _, frontend_overhead_s = make_latency_model(scenario, model, gpu, np.random.default_rng(0))
-    return _Engines(make_engine, plan, max_model_len, frontend_overhead_s)
+    hardware = ReplicaHardware(
+        gpu=gpu.name, num_gpus=engine.tensor_parallel_size, gpu_hour_usd=scenario.gpu_hour_usd()
+    )
+    return _Engines(make_engine, plan, max_model_len, frontend_overhead_s, hardware)
 
 
 def _router(spec: RouterSpec, seed: np.random.SeedSequence) -> Router:
@@ -619,6 +629,8 @@ def build(
         return _build_disaggregated(
             scenario, requests, slo, latency_seed, router_seed, coefficients, disagg
         )
+    if scenario.fleet.pools is not None:
+        return _build_pools(scenario, requests, slo, latency_seed, router_seed, coefficients)
     engines = _engines(scenario, latency_seed, coefficients)
     scheduler, latency_model = engines.make_engine(0)
     return Simulation(
@@ -634,6 +646,47 @@ def build(
         make_engine=engines.make_engine,
         router=_router(scenario.fleet.router, router_seed),
         autoscaler=autoscaler_config(scenario, engines.plan),
+        hardware=lambda i: engines.hardware,
+    )
+
+
+def _build_pools(
+    scenario: Scenario,
+    requests: list[Request],
+    slo: SLO,
+    latency_seed: np.random.SeedSequence,
+    router_seed: np.random.SeedSequence,
+    coefficients: CalibratedCoefficients | None,
+) -> Simulation:
+    """Pools of different GPUs or TP behind one router: replica i belongs to the pool whose
+    range of ids holds i, in the order the pools are listed."""
+    pools = scenario.fleet.pools
+    assert pools is not None
+    seeds = latency_seed.spawn(len(pools))
+    engines = [
+        _engines(pool_scenario(scenario, pool), seed, coefficients, f"fleet.pools.{j}")
+        for j, (pool, seed) in enumerate(zip(pools, seeds, strict=True))
+    ]
+    owner = [(j, k) for j, pool in enumerate(pools) for k in range(pool.replicas)]
+
+    def make_engine(i: int) -> tuple[Scheduler, IterationTimeModel]:
+        j, k = owner[i]
+        return engines[j].make_engine(k)
+
+    scheduler, latency_model = make_engine(0)
+    return Simulation(
+        requests,
+        scheduler,
+        latency_model,
+        frontend_overhead_s=engines[0].frontend_overhead_s,
+        max_model_len=min(e.max_model_len for e in engines),
+        slo=slo,
+        sample_interval_s=scenario.output.sample_interval_s,
+        kv_capacity_tokens=engines[0].plan.kv_capacity_tokens,
+        num_replicas=len(owner),
+        make_engine=make_engine,
+        router=_router(scenario.fleet.router, router_seed),
+        hardware=lambda i: engines[owner[i][0]].hardware,
     )
 
 
@@ -675,6 +728,8 @@ def _build_disaggregated(
         kv_bytes_per_token=prefill.plan.kv_bytes_per_token,
         link_bandwidth_bytes_per_s=spec.link_bandwidth_gb_s * 1e9,
         link_latency_s=spec.link_latency_s,
+        prefill_hardware=lambda i: prefill.hardware,
+        decode_hardware=lambda i: decode.hardware,
     )
     scheduler, latency_model = prefill.make_engine(0)
     return Simulation(
@@ -688,6 +743,36 @@ def _build_disaggregated(
         kv_capacity_tokens=decode.plan.kv_capacity_tokens,
         disaggregation=config,
     )
+
+
+def cost_summary(replicas: list[FleetReplica], end_s: float, output_tokens: int) -> dict[str, Any]:
+    """GPU-hours and dollars of a run: each replica billed from its start (start-up included)
+    to when it stopped or the run ended, at its GPUs' price; None where a price is missing."""
+    gpu_hours = 0.0
+    total = 0.0
+    missing: set[str] = set()
+    by_gpu: dict[str, float] = {}
+    for replica in replicas:
+        hardware = replica.hardware
+        stop = replica.stopped_s if replica.stopped_s is not None else end_s
+        hours = max(0.0, stop - replica.started_s) / 3600 * hardware.num_gpus
+        gpu_hours += hours
+        by_gpu[hardware.gpu] = by_gpu.get(hardware.gpu, 0.0) + hours
+        if hardware.gpu_hour_usd is None:
+            missing.add(hardware.gpu)
+        else:
+            total += hours * hardware.gpu_hour_usd
+    known = not missing
+    return {
+        "gpu_hours": gpu_hours,
+        "gpu_hours_by_gpu": by_gpu,
+        "total_usd": total if known else None,
+        "usd_per_hour": total / (end_s / 3600) if known and end_s > 0 else None,
+        "usd_per_million_output_tokens": (
+            total / output_tokens * 1e6 if known and output_tokens else None
+        ),
+        "missing_prices": sorted(missing),
+    }
 
 
 def autoscaler_config(scenario: Scenario, plan: MemoryPlan) -> AutoscalerConfig | None:

@@ -462,13 +462,15 @@ class DisaggregationSpec(Spec):
 
 
 class FleetSpec(Spec):
-    """Identical replicas of the engine behind one router, optionally autoscaled; or, with
-    ``disaggregation``, separate prefill and decode pools (``replicas`` is then unused)."""
+    """Identical replicas of the engine behind one router, optionally autoscaled; or ``pools``
+    of different GPUs/TP behind the one router; or, with ``disaggregation``, separate prefill
+    and decode pools (``replicas`` is unused with either)."""
 
     replicas: Annotated[int, Field(ge=1, le=4096)] = 1
     router: RouterSpec = RouterSpec()
     autoscaling: AutoscalingSpec | None = None
     disaggregation: DisaggregationSpec | None = None
+    pools: Annotated[list[PoolSpec], Field(min_length=1, max_length=64)] | None = None
 
     @model_validator(mode="after")
     def _start_within_bounds(self) -> FleetSpec:
@@ -477,6 +479,11 @@ class FleetSpec(Spec):
                 "autoscaling a disaggregated fleet is not modelled yet; remove autoscaling or "
                 "disaggregation"
             )
+        if self.pools is not None and (self.autoscaling or self.disaggregation):
+            raise ValueError(
+                "pools: mixed pools behind one router cannot be combined with autoscaling or "
+                "disaggregation yet; use one of them"
+            )
         scaling = self.autoscaling
         if scaling and not scaling.min_replicas <= self.replicas <= scaling.max_replicas:
             raise ValueError(
@@ -484,6 +491,13 @@ class FleetSpec(Spec):
                 f"({scaling.min_replicas}) and max_replicas ({scaling.max_replicas})"
             )
         return self
+
+
+class CostSpec(Spec):
+    """Prices per GPU-hour, by GPU (catalogue name, alias, or a custom GPU's name). GPUs not
+    listed use the catalogue's cited default where it has one (H100 SXM, A100 80GB SXM)."""
+
+    gpu_hour_usd: dict[str, PositiveFloat] = {}
 
 
 class SLOSpec(Spec):
@@ -521,6 +535,7 @@ class Scenario(Spec):
     workload: WorkloadSpec
     latency: LatencySpec = RooflineLatencySpec()
     slo: SLOSpec = SLOSpec()
+    cost: CostSpec = CostSpec()
     output: OutputSpec = OutputSpec()
 
     @model_validator(mode="before")
@@ -542,6 +557,19 @@ class Scenario(Spec):
     def resolve_gpu(self) -> GPU:
         """The GPU (catalogue or custom)."""
         return get_gpu(self.gpu) if isinstance(self.gpu, str) else self.gpu.build()
+
+    def gpu_hour_usd(self) -> float | None:
+        """The price per hour of one of this scenario's GPUs: ``cost.gpu_hour_usd`` if it names
+        the GPU, else the GPU's own (catalogue default or custom ``hourly_cost_usd``)."""
+        gpu = self.resolve_gpu()
+        for key, price in self.cost.gpu_hour_usd.items():
+            try:
+                name = get_gpu(key).name
+            except ValueError:
+                name = key
+            if name == gpu.name:
+                return price
+        return gpu.hourly_cost_usd
 
     @property
     def kv_dtype(self) -> str:

@@ -68,7 +68,9 @@ def test_every_catalogue_gpu_is_positive(key: str) -> None:
     assert gpu.memory_bandwidth_bytes_per_s > 0
     assert gpu.bf16_flops > 0
     assert gpu.link_bandwidth_bytes_per_s > 0
-    assert gpu.hourly_cost_usd is None  # no citable public list price for any of them
+    # Default prices only where a public source is cited (sim/hardware.py DEFAULT_PRICE_SOURCE).
+    cited = {"a100-80gb-sxm": 1.99, "h100-sxm": 3.24}
+    assert gpu.hourly_cost_usd == cited.get(key)
 
 
 def test_h100_sxm_figures() -> None:
