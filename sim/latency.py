@@ -18,6 +18,7 @@ Backends here:
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -179,6 +180,76 @@ class RooflineParams:
             raise ValueError(f"allreduce_latency_s: must be >= 0, got {self.allreduce_latency_s}")
 
 
+#: How quantized weights are computed with (scenario ``quantization``):
+#:
+#: ``auto``          fp8/int8 weights run W8A8 at the GPU's fp8/int8 tensor rate where it has one,
+#:                   else weight-only (with a warning: an A100 has no fp8 tensor cores, so fp8
+#:                   weights save memory and bandwidth there, not compute); int4 is weight-only.
+#: ``weight_only``   W8A16/W4A16 (AWQ, GPTQ, Marlin): the weights are streamed at their own width
+#:                   and multiplied at the 16-bit rate.
+#: ``w8a8``          fp8 or int8 activations too; an error where the GPU lacks that rate.
+#: ``bitsandbytes``  ``load_in_8bit`` (LLM.int8(), dtype int8) or NF4 (dtype int4), as
+#:                   transformers users load it: memory as the dtype says, but the kernels
+#:                   dequantize on the fly and run slower than 16-bit ones at the same shapes.
+QUANTIZATION_METHODS: tuple[str, ...] = ("auto", "weight_only", "w8a8", "bitsandbytes")
+
+#: bitsandbytes' slowdown of the linear layers against the same model in fp16, as measured by
+#: "Your int8 Quantization Is 2.5× Slower Than fp16"
+#: (https://earino.github.io/applied-deep-learning/site/blog/11_int8_is_slower.html): a 494M
+#: decoder on a T4, 5.05 ms/example in fp16, 12.65 with LLM.int8() (2.5×), 7.92 with NF4 and
+#: double quantization (1.57×). Applied to the fp16 time of the linear layers (their weights
+#: are dequantized to 16 bits before each multiply, so no bandwidth is saved either).
+BITSANDBYTES_SLOWDOWN = {"int8": 2.5, "int4": 1.57}
+
+
+class QuantizationWarning(UserWarning):
+    """A quantization setting that runs differently from what its name suggests."""
+
+
+def compute_dtype(dtype: str, quantization: str, gpu: GPU) -> str:
+    """The dtype the linear layers' multiplies run in; ValueError naming ``quantization``."""
+    if quantization not in QUANTIZATION_METHODS:
+        raise ValueError(
+            f"quantization: must be one of {', '.join(QUANTIZATION_METHODS)}; got {quantization!r}"
+        )
+    quantized = dtype in ("fp8", "int8", "int4")
+    if quantization == "bitsandbytes":
+        if dtype not in BITSANDBYTES_SLOWDOWN:
+            raise ValueError(
+                "quantization: bitsandbytes loads int8 (load_in_8bit) or int4 (NF4) weights; "
+                f"set dtype: int8 or int4, not {dtype}"
+            )
+        return "bf16"
+    if quantization == "weight_only":
+        if not quantized:
+            raise ValueError(
+                f"quantization: weight_only needs quantized weights (dtype fp8, int8 or int4), "
+                f"not {dtype}"
+            )
+        return "bf16"
+    has_rate = {"fp8": gpu.fp8_flops, "int8": gpu.int8_ops}
+    if quantization == "w8a8":
+        if dtype not in has_rate:
+            raise ValueError(f"quantization: w8a8 needs dtype fp8 or int8, not {dtype}")
+        if has_rate[dtype] is None:
+            raise ValueError(
+                f"quantization: {gpu.name} has no {dtype} tensor cores, so w8a8 cannot run "
+                "there; use weight_only (or auto)"
+            )
+        return dtype
+    # auto
+    if dtype in has_rate:
+        if has_rate[dtype] is not None:
+            return dtype
+        warnings.warn(
+            f"{gpu.name} has no {dtype} tensor cores: {dtype} weights run weight-only there "
+            "(dequantized to 16 bits), saving memory and bandwidth but not compute",
+            QuantizationWarning,
+            stacklevel=3,
+        )
+    return "bf16"
+
+
 class RooflineModel:
     """Step time from first principles: per-operator max(compute time, memory time).
 
@@ -201,18 +272,21 @@ class RooflineModel:
         kv_dtype: str | None = None,
         tensor_parallel_size: int = 1,
         params: RooflineParams | None = None,
+        quantization: str = "auto",
     ) -> None:
         self.model = model
         self.gpu = gpu
         self.tp = tensor_parallel_size
         self.params = params or RooflineParams()
         p = self.params
-        weight_bytes = bytes_per_element(dtype)
+        # bitsandbytes streams (dequantized) 16-bit weights and pays a kernel slowdown on top.
+        bnb = quantization == "bitsandbytes"
+        weight_bytes = bytes_per_element("bf16" if bnb else dtype)
+        self._linear_slowdown = BITSANDBYTES_SLOWDOWN[dtype] if bnb else 1.0
         kv_bytes = bytes_per_element(kv_dtype or dtype)
-        # Activations stay in 16 bits even for quantized weights (W8A16/W4A16); fp8 and int8
-        # run the GEMMs at their own tensor rate.
+        # Activations stay in 16 bits unless the weights run W8A8 at the fp8/int8 tensor rate.
         activation_bytes = 2.0
-        flops = gpu.tensor_flops(dtype if dtype in ("fp8", "int8") else "bf16")
+        flops = gpu.tensor_flops(compute_dtype(dtype, quantization, gpu))
         self._gemm_flops_per_s = flops * p.compute_efficiency
         self._attn_flops_per_s = gpu.tensor_flops("bf16") * p.attention_compute_efficiency
         self._bytes_per_s = gpu.memory_bandwidth_bytes_per_s * p.bandwidth_efficiency
@@ -249,7 +323,7 @@ class RooflineModel:
 
     def linear_time(self, num_tokens: int) -> float:
         """QKV/O projections and the MLP of every layer for ``num_tokens`` tokens."""
-        return max(
+        return self._linear_slowdown * max(
             num_tokens * self._linear_flops_per_token / self._gemm_flops_per_s,
             self._linear_weight_bytes / self._bytes_per_s,
         )
@@ -292,6 +366,56 @@ class RooflineModel:
         return self._allreduces_per_step * (
             self.params.allreduce_latency_s + message_bytes * self._allreduce_s_per_byte
         )
+
+
+def _fits(
+    model: ModelArch,
+    gpu: GPU,
+    dtype: str,
+    kv_dtype: str,
+    tp: int,
+    gpu_memory_utilization: float,
+    max_num_batched_tokens: int,
+    block_size: int,
+) -> bool:
+    usable = reported_memory_bytes(gpu) * gpu_memory_utilization
+    activation = max_num_batched_tokens * (4 * model.hidden_size + 3 * model.intermediate_size / tp)
+    kv_per_token = model.kv_bytes_per_token(kv_dtype) / min(tp, model.num_key_value_heads)
+    left = usable - model.weight_bytes(dtype) / tp - activation * 2.0 - FIXED_RESERVE_BYTES
+    return left >= kv_per_token * block_size
+
+
+def _does_not_fit(
+    model: ModelArch,
+    gpu: GPU,
+    dtype: str,
+    kv_dtype: str,
+    tp: int,
+    gpu_memory_utilization: float,
+    max_num_batched_tokens: int,
+    block_size: int,
+) -> str:
+    """Why the weights leave no room for a KV cache, with the numbers and what would fit."""
+    args = (gpu_memory_utilization, max_num_batched_tokens, block_size)
+    weights_gb = model.weight_bytes(dtype) / 1e9
+    usable_gb = reported_memory_bytes(gpu) * gpu_memory_utilization / 1e9
+    fixes = []
+    for larger in (2, 4, 8, 16, 32, 64):
+        divides = model.num_attention_heads % larger == 0
+        if larger > tp and divides and _fits(model, gpu, dtype, kv_dtype, larger, *args):
+            fixes.append(f"tensor_parallel_size >= {larger}")
+            break
+    if dtype in ("bf16", "fp16") and _fits(model, gpu, "fp8", kv_dtype, tp, *args):
+        fixes.append("fp8 weights (dtype: fp8)")
+    fixes.append("a GPU with more memory")
+    return (
+        f"model {model.name} in {dtype} does not fit: it needs {weights_gb:.0f} GB of weights; "
+        f"{tp}x {gpu.name} "
+        f"{'has' if tp == 1 else 'have'} {gpu.memory_bytes * tp / 1e9:.0f} GB "
+        f"({usable_gb:.1f} GB usable per GPU at gpu_memory_utilization="
+        f"{gpu_memory_utilization}), which leaves no room for a KV cache after activations and "
+        f"vLLM's reserve; try {' or '.join(fixes)}"
+    )
 
 
 def kv_dtype_for(dtype: str, kv_cache_dtype: str = "auto") -> str:
@@ -353,12 +477,17 @@ def plan_memory(
     kv_per_token = model.kv_bytes_per_token(kv_dtype or dtype) / min(tp, model.num_key_value_heads)
     kv_bytes = usable - weight_bytes - activation - FIXED_RESERVE_BYTES
     if kv_bytes < kv_per_token * block_size:
-        need_gb = (weight_bytes + activation + FIXED_RESERVE_BYTES) / 1e9
         raise ValueError(
-            f"model {model.name} ({dtype}, TP={tp}) does not fit on {gpu.name}: needs about "
-            f"{need_gb:.1f} GB per GPU before any KV cache, {usable / 1e9:.1f} GB usable at "
-            f"gpu_memory_utilization={gpu_memory_utilization}; raise tensor_parallel_size, "
-            "quantize (dtype: fp8), or pick a larger GPU"
+            _does_not_fit(
+                model,
+                gpu,
+                dtype,
+                kv_dtype or dtype,
+                tp,
+                gpu_memory_utilization,
+                max_num_batched_tokens,
+                block_size,
+            )
         )
     num_blocks = int(kv_bytes // (kv_per_token * block_size))
     return MemoryPlan(

@@ -228,6 +228,7 @@ def make_latency_model(
         kv_dtype=scenario.kv_dtype,
         tensor_parallel_size=scenario.engine.tensor_parallel_size,
         params=spec.params(),
+        quantization=scenario.quantization,
     )
     return roofline, 0.0
 

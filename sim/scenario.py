@@ -9,6 +9,7 @@ hint. :func:`load_scenario` raises :class:`ScenarioError` holding those lines.
 from __future__ import annotations
 
 import difflib
+import warnings
 from importlib import resources
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -19,7 +20,7 @@ from pydantic_core import ErrorDetails
 
 from sim.arrivals import PiecewiseRate
 from sim.hardware import GPU, get_gpu
-from sim.latency import RooflineParams, kv_dtype_for
+from sim.latency import QuantizationWarning, RooflineParams, compute_dtype, kv_dtype_for
 from sim.lengths import LogNormalLength
 from sim.models import ModelArch, get_model, load_hf_config
 
@@ -529,6 +530,8 @@ class Scenario(Spec):
     model: str | HFConfigModelSpec | CustomModelSpec
     gpu: str | CustomGPUSpec
     dtype: Dtype = "bf16"
+    # How quantized weights compute (sim/latency.py QUANTIZATION_METHODS).
+    quantization: Literal["auto", "weight_only", "w8a8", "bitsandbytes"] = "auto"
     kv_cache_dtype: Literal["auto", "bf16", "fp16", "fp8"] = "auto"
     engine: EngineSpec = EngineSpec()
     fleet: FleetSpec = FleetSpec()
@@ -777,9 +780,11 @@ def check_consistency(scenario: Scenario) -> list[str]:
             f"max_num_seqs={engine.max_num_seqs}; vLLM requires it to be at least max_num_seqs"
         )
     try:
-        gpu.tensor_flops(scenario.dtype if scenario.dtype in ("fp8", "int8") else "bf16")
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", QuantizationWarning)
+            compute_dtype(scenario.dtype, scenario.quantization, gpu)
     except ValueError as exc:
-        problems.append(f"dtype: {exc}")
+        problems.append(str(exc))
     return problems
 
 

@@ -113,9 +113,11 @@ def test_unknown_model_and_gpu_suggest_names() -> None:
     assert "did you mean 'h100-sxm'" in problems(scenario_dict(gpu="h10-sxm"))[0]
 
 
-def test_fp8_on_a100_is_refused() -> None:
-    found = problems(scenario_dict(gpu="a100-80gb-sxm", dtype="fp8"))
-    assert len(found) == 1 and found[0].startswith("dtype:") and "fp8" in found[0]
+def test_w8a8_fp8_on_a100_is_refused() -> None:
+    # An A100 has no fp8 tensor cores: fp8 weights can only run weight-only there.
+    found = problems(scenario_dict(gpu="a100-80gb-sxm", dtype="fp8", quantization="w8a8"))
+    assert len(found) == 1 and found[0].startswith("quantization:") and "fp8" in found[0]
+    parse_scenario(scenario_dict(gpu="a100-80gb-sxm", dtype="fp8"))  # weight-only: accepted
 
 
 def test_custom_gpu_and_hf_config_model(tmp_path: Path) -> None:

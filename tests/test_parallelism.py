@@ -1,0 +1,119 @@
+"""Tensor parallelism, quantization and fit, against the issue's acceptance lines: each knob
+moves step times the way its physics says, with its real trade-off."""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from sim.hardware import get_gpu
+from sim.latency import BatchShape, QuantizationWarning, RooflineModel, plan_memory
+from sim.models import get_model
+from sim.run import build
+from sim.scenario import parse_scenario
+from tests.factories import scenario_dict
+
+LLAMA_8B = get_model("llama-3.1-8b")
+LLAMA_70B = get_model("llama-3.1-70b")
+H100 = get_gpu("h100-sxm")
+A100 = get_gpu("a100-80gb-sxm")
+
+
+def decode(batch: int = 1, context: int = 1024) -> BatchShape:
+    return BatchShape(
+        num_decode_seqs=batch, decode_context_tokens=batch * context, num_sampled=batch
+    )
+
+
+def prefill(tokens: int) -> BatchShape:
+    return BatchShape(
+        num_prefill_tokens=tokens,
+        num_prefill_seqs=1,
+        prefill_attention_pairs=tokens * (tokens + 1) // 2,
+        num_sampled=1,
+    )
+
+
+def test_fp8_weights_cut_batch_one_decode_in_proportion_to_weight_bytes() -> None:
+    bf16 = RooflineModel(LLAMA_8B, H100).step_time(decode())
+    fp8 = RooflineModel(LLAMA_8B, H100, dtype="fp8").step_time(decode())
+    # Half the weight bytes; the KV read, LM head width and step overhead do not halve.
+    assert 0.5 < fp8 / bf16 < 0.6
+
+
+def test_tensor_parallel_two_lowers_the_step_but_by_less_than_half() -> None:
+    tp1 = RooflineModel(LLAMA_8B, H100).step_time(decode())
+    tp2 = RooflineModel(LLAMA_8B, H100, tensor_parallel_size=2).step_time(decode())
+    assert tp1 / 2 < tp2 < tp1
+
+
+def test_llama_70b_on_a100_needs_tp2_in_bf16() -> None:
+    knobs = {"kv_dtype": "bf16", "gpu_memory_utilization": 0.9, "max_num_batched_tokens": 8192}
+    with pytest.raises(ValueError) as error:
+        plan_memory(LLAMA_70B, A100, dtype="bf16", tensor_parallel_size=1, block_size=16, **knobs)
+    message = str(error.value)
+    assert "needs 141 GB of weights" in message and "1x A100 80GB SXM has 80 GB" in message
+    assert "tensor_parallel_size >= 2" in message
+    plan = plan_memory(
+        LLAMA_70B, A100, dtype="bf16", tensor_parallel_size=2, block_size=16, **knobs
+    )
+    assert plan.kv_capacity_tokens > 0
+
+
+def test_fp8_on_a100_saves_bandwidth_not_compute() -> None:
+    with pytest.warns(QuantizationWarning, match="no fp8 tensor cores"):
+        a100_fp8 = RooflineModel(LLAMA_8B, A100, dtype="fp8")
+    a100_bf16 = RooflineModel(LLAMA_8B, A100)
+    # A long prefill is compute-bound: no faster in fp8 without fp8 tensor cores...
+    assert a100_fp8.linear_time(8192) == pytest.approx(a100_bf16.linear_time(8192))
+    # ...while a small decode, bound by streaming the weights, is.
+    assert a100_fp8.step_time(decode()) < 0.7 * a100_bf16.step_time(decode())
+    # On an H100 fp8 tensor cores speed the compute-bound prefill up too.
+    h100_fp8 = RooflineModel(LLAMA_8B, H100, dtype="fp8", quantization="w8a8")
+    assert h100_fp8.linear_time(8192) < 0.6 * RooflineModel(LLAMA_8B, H100).linear_time(8192)
+
+
+def test_bitsandbytes_is_slower_than_awq_at_the_same_bytes() -> None:
+    awq = RooflineModel(LLAMA_8B, H100, dtype="int4", quantization="weight_only")
+    nf4 = RooflineModel(LLAMA_8B, H100, dtype="int4", quantization="bitsandbytes")
+    int8 = RooflineModel(LLAMA_8B, H100, dtype="int8", quantization="bitsandbytes")
+    bf16 = RooflineModel(LLAMA_8B, H100)
+    for batch in (decode(1), decode(64), prefill(2048)):
+        assert nf4.step_time(batch) > awq.step_time(batch)
+        assert int8.step_time(batch) > nf4.step_time(batch) > bf16.step_time(batch)
+    # Memory is what bitsandbytes buys: NF4 weights take a quarter of bf16's.
+    knobs = {"kv_dtype": "bf16", "gpu_memory_utilization": 0.9, "max_num_batched_tokens": 8192}
+    full = plan_memory(LLAMA_8B, H100, dtype="bf16", tensor_parallel_size=1, block_size=16, **knobs)
+    four = plan_memory(LLAMA_8B, H100, dtype="int4", tensor_parallel_size=1, block_size=16, **knobs)
+    assert four.weight_bytes == pytest.approx(full.weight_bytes / 4)
+    assert four.kv_capacity_tokens > full.kv_capacity_tokens
+
+
+def test_quantization_knob_in_a_scenario() -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", QuantizationWarning)
+        fast = build(parse_scenario(scenario_dict(dtype="int4", quantization="weight_only")))
+        slow = build(parse_scenario(scenario_dict(dtype="int4", quantization="bitsandbytes")))
+    assert slow.run().summary["tpot_s"]["mean"] > fast.run().summary["tpot_s"]["mean"]
+
+
+def test_all_reduce_cost_agrees_with_measured_nccl(shared_data: Path) -> None:
+    # The roofline's two all-reduces per layer, against Vidur's NCCL all-reduce among 4 GPUs of
+    # an H100 DGX (vidur/profiling/network/h100_dgx/all_reduce.csv, size in fp16 elements).
+    # Bandwidth-bound messages (prefill chunks of 1k+ tokens, 16 MB+) agree within 1.0–1.43×
+    # (measured). Below ~4 MB NCCL's floor is 34–44 µs while the model charges 8 µs per call,
+    # the latency of vLLM's custom all-reduce that it uses for small messages on NVLink; that
+    # figure is not in shared/data, so the small-message side is not checked here.
+    table = pd.read_csv(shared_data / "vidur/profiling/network/h100_dgx/all_reduce.csv")
+    model = RooflineModel(LLAMA_70B, H100, tensor_parallel_size=4)
+    per_call = model.communication_time  # two per layer, 80 layers
+    rows = table[(table["num_workers"] == 4) & (table["devices_per_node"] == 4)]
+    medians = rows.groupby("size")["time_stats.all_reduce.median"].median() / 1e3
+    for tokens in (1024, 2048, 4096, 8192):
+        elements = tokens * LLAMA_70B.hidden_size
+        measured = medians.iloc[(medians.index - elements).to_series().abs().argmin()]
+        modelled = per_call(tokens) / (2 * LLAMA_70B.num_layers)
+        assert 0.7 < modelled / measured < 1.5, (tokens, modelled, measured)
