@@ -33,6 +33,7 @@ class ReplicaHardware:
     gpu: str = "unknown"
     num_gpus: int = 1
     gpu_hour_usd: float | None = None
+    pipeline_parallel_size: int = 1  # steps the replica overlaps (one per pipeline stage)
 
 
 #: Says what replica ``i`` runs on.
@@ -113,6 +114,7 @@ class Fleet:
         """A new replica, ready (and routed to) after ``startup_s`` seconds."""
         replica_id = self.id_offset + len(self.replicas)
         scheduler, latency_model = self.make_engine(len(self.replicas))
+        hardware = self.hardware(len(self.replicas))
         replica = FleetReplica(
             self.env,
             replica_id,
@@ -120,9 +122,10 @@ class Fleet:
             latency_model,
             max_model_len=self.max_model_len,
             on_finish=self._finished,
+            pipeline_depth=hardware.pipeline_parallel_size,
         )
         replica.started_s = self.env.now
-        replica.hardware = self.hardware(len(self.replicas))
+        replica.hardware = hardware
         self.replicas.append(replica)
         if startup_s > 0:
             replica.ready = False

@@ -273,10 +273,12 @@ class RooflineModel:
         tensor_parallel_size: int = 1,
         params: RooflineParams | None = None,
         quantization: str = "auto",
+        pipeline_parallel_size: int = 1,
     ) -> None:
         self.model = model
         self.gpu = gpu
         self.tp = tensor_parallel_size
+        self.pp = pipeline_parallel_size
         self.params = params or RooflineParams()
         p = self.params
         # bitsandbytes streams (dequantized) 16-bit weights and pays a kernel slowdown on top.
@@ -306,10 +308,14 @@ class RooflineModel:
         self._activation_bytes_per_token = model.hidden_size * activation_bytes
         self._allreduces_per_step = 2 * layers if tp > 1 else 0
         link = gpu.link_bandwidth_bytes_per_s
+        self._link_bytes_per_s = link
         self._allreduce_s_per_byte = 2.0 * (tp - 1) / tp / link if tp > 1 else 0.0
 
     def step_time(self, batch: BatchShape) -> float:
-        """Seconds for one step; zero tokens costs only the overhead."""
+        """Seconds for one step from start to sampled tokens; zero tokens costs only the
+        overhead. Under pipeline parallelism this is the latency through every stage (each
+        holding ``1/pp`` of the layers) plus a send of the activations between stages; the
+        replica overlaps ``pp`` such steps (sim/replica.py)."""
         tokens = batch.num_tokens
         if tokens == 0:
             return self.params.step_overhead_s
@@ -318,8 +324,17 @@ class RooflineModel:
             + self.lm_head_time(batch.num_sampled)
             + self.attention_time(batch)
             + self.communication_time(tokens)
+            + self.pipeline_send_time(tokens)
             + self.params.step_overhead_s
         )
+
+    def pipeline_send_time(self, num_tokens: int) -> float:
+        """Activations sent from each pipeline stage to the next (none without PP)."""
+        if self.pp == 1:
+            return 0.0
+        message_bytes = num_tokens * self._activation_bytes_per_token
+        per_send = self.params.allreduce_latency_s + message_bytes / self._link_bytes_per_s
+        return (self.pp - 1) * per_send
 
     def linear_time(self, num_tokens: int) -> float:
         """QKV/O projections and the MLP of every layer for ``num_tokens`` tokens."""
@@ -377,11 +392,12 @@ def _fits(
     gpu_memory_utilization: float,
     max_num_batched_tokens: int,
     block_size: int,
+    pp: int = 1,
 ) -> bool:
     usable = reported_memory_bytes(gpu) * gpu_memory_utilization
     activation = max_num_batched_tokens * (4 * model.hidden_size + 3 * model.intermediate_size / tp)
-    kv_per_token = model.kv_bytes_per_token(kv_dtype) / min(tp, model.num_key_value_heads)
-    left = usable - model.weight_bytes(dtype) / tp - activation * 2.0 - FIXED_RESERVE_BYTES
+    kv_per_token = model.kv_bytes_per_token(kv_dtype) / min(tp, model.num_key_value_heads) / pp
+    left = usable - model.weight_bytes(dtype) / tp / pp - activation * 2.0 - FIXED_RESERVE_BYTES
     return left >= kv_per_token * block_size
 
 
@@ -394,6 +410,7 @@ def _does_not_fit(
     gpu_memory_utilization: float,
     max_num_batched_tokens: int,
     block_size: int,
+    pp: int = 1,
 ) -> str:
     """Why the weights leave no room for a KV cache, with the numbers and what would fit."""
     args = (gpu_memory_utilization, max_num_batched_tokens, block_size)
@@ -402,16 +419,16 @@ def _does_not_fit(
     fixes = []
     for larger in (2, 4, 8, 16, 32, 64):
         divides = model.num_attention_heads % larger == 0
-        if larger > tp and divides and _fits(model, gpu, dtype, kv_dtype, larger, *args):
+        if larger > tp and divides and _fits(model, gpu, dtype, kv_dtype, larger, *args, pp):
             fixes.append(f"tensor_parallel_size >= {larger}")
             break
-    if dtype in ("bf16", "fp16") and _fits(model, gpu, "fp8", kv_dtype, tp, *args):
+    if dtype in ("bf16", "fp16") and _fits(model, gpu, "fp8", kv_dtype, tp, *args, pp):
         fixes.append("fp8 weights (dtype: fp8)")
     fixes.append("a GPU with more memory")
     return (
         f"model {model.name} in {dtype} does not fit: it needs {weights_gb:.0f} GB of weights; "
-        f"{tp}x {gpu.name} "
-        f"{'has' if tp == 1 else 'have'} {gpu.memory_bytes * tp / 1e9:.0f} GB "
+        f"{tp * pp}x {gpu.name} "
+        f"{'has' if tp * pp == 1 else 'have'} {gpu.memory_bytes * tp * pp / 1e9:.0f} GB "
         f"({usable_gb:.1f} GB usable per GPU at gpu_memory_utilization="
         f"{gpu_memory_utilization}), which leaves no room for a KV cache after activations and "
         f"vLLM's reserve; try {' or '.join(fixes)}"
@@ -460,8 +477,12 @@ def plan_memory(
     gpu_memory_utilization: float,
     max_num_batched_tokens: int,
     block_size: int,
+    pipeline_parallel_size: int = 1,
 ) -> MemoryPlan:
     """KV blocks per replica, as vLLM sizes them at start-up.
+
+    With pipeline parallelism each GPU holds ``1/pp`` of the layers: of the weights and of
+    every token's KV (the same tokens are cached on every stage).
 
     Per GPU: ``reported memory × gpu_memory_utilization − weights/TP − peak activations − fixed
     reserve`` is left for KV; divided by the KV bytes per token per GPU and rounded down to whole
@@ -469,12 +490,15 @@ def plan_memory(
     (the MLP's gate/up output dominates). Raises ValueError when the weights do not fit.
     """
     tp = tensor_parallel_size
-    weight_bytes = model.weight_bytes(dtype) / tp
+    pp = pipeline_parallel_size
+    weight_bytes = model.weight_bytes(dtype) / tp / pp
     device_bytes = reported_memory_bytes(gpu)
     usable = device_bytes * gpu_memory_utilization
     tokens = max_num_batched_tokens
     activation = tokens * (4 * model.hidden_size + 3 * model.intermediate_size / tp) * 2.0
-    kv_per_token = model.kv_bytes_per_token(kv_dtype or dtype) / min(tp, model.num_key_value_heads)
+    kv_per_token = (
+        model.kv_bytes_per_token(kv_dtype or dtype) / min(tp, model.num_key_value_heads) / pp
+    )
     kv_bytes = usable - weight_bytes - activation - FIXED_RESERVE_BYTES
     if kv_bytes < kv_per_token * block_size:
         raise ValueError(

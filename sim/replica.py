@@ -13,7 +13,7 @@ import simpy
 
 from sim.latency import IterationTimeModel
 from sim.request import Record, Request, RequestStatus, block_keys, sequence_segments
-from sim.scheduler import Scheduler, Sequence
+from sim.scheduler import Scheduler, Sequence, StepPlan
 
 
 class Replica:
@@ -32,8 +32,12 @@ class Replica:
         *,
         max_model_len: int,
         on_finish: Callable[[Record], None],
+        pipeline_depth: int = 1,
     ) -> None:
         self.env = env
+        self.pipeline_depth = pipeline_depth
+        if pipeline_depth > 1:
+            scheduler.pipeline_groups = pipeline_depth  # type: ignore[attr-defined]
         self.replica_id = replica_id
         self.scheduler = scheduler
         self.kv = scheduler.kv
@@ -45,7 +49,9 @@ class Replica:
         self.busy_s = 0.0
         self.prompt_tokens_computed = 0
         self.output_tokens_generated = 0
-        self.process = env.process(self._engine_loop())
+        self.process = env.process(
+            self._engine_loop() if pipeline_depth == 1 else self._pipelined_loop()
+        )
 
     def submit(
         self,
@@ -125,7 +131,51 @@ class Replica:
             self.num_steps += 1
             self.busy_s += duration
             yield env.timeout(duration)
-            self.prompt_tokens_computed += plan.batch.num_prefill_tokens
-            self.output_tokens_generated += plan.batch.num_sampled - len(plan.padding)
-            for seq in scheduler.complete(plan, env.now):
-                self._on_finish(seq.record)
+            self._completed(plan)
+
+    def _completed(self, plan: StepPlan) -> None:
+        self.prompt_tokens_computed += plan.batch.num_prefill_tokens
+        self.output_tokens_generated += plan.batch.num_sampled - len(plan.padding)
+        for seq in self.scheduler.complete(plan, self.env.now):
+            self._on_finish(seq.record)
+
+    def _pipelined_loop(self) -> Generator[simpy.Event, Any, None]:
+        """Pipeline parallelism: up to ``pipeline_depth`` steps in flight, as vLLM keeps one
+        batch per stage. A step takes ``step_time`` from first stage to sampled tokens; the
+        first stage is free for the next batch after ``step_time / depth``. A request is in at
+        most one step at a time."""
+        env = self.env
+        scheduler = self.scheduler
+        step_time = self.latency_model.step_time
+        depth = self.pipeline_depth
+        self._in_flight = 0
+        while True:
+            plan = scheduler.schedule(env.now) if self._in_flight < depth else None
+            if plan is None or not plan.scheduled:
+                if plan is not None:
+                    self.num_steps += 1  # a step that only preempted
+                    continue
+                self._wakeup = env.event()
+                wake_at = scheduler.wake_time(env.now)
+                if wake_at is None:
+                    yield self._wakeup
+                else:
+                    yield self._wakeup | env.timeout(max(0.0, wake_at - env.now))
+                self._wakeup = None
+                continue
+            duration = step_time(plan.batch)
+            self.num_steps += 1
+            self.busy_s += duration / depth
+            for seq, _ in plan.scheduled:
+                seq.in_flight = True
+            self._in_flight += 1
+            env.process(self._finish_step(plan, duration))
+            yield env.timeout(duration / depth)
+
+    def _finish_step(self, plan: StepPlan, duration: float) -> Generator[simpy.Event, Any, None]:
+        yield self.env.timeout(duration)
+        for seq, _ in plan.scheduled:
+            seq.in_flight = False
+        self._in_flight -= 1
+        self._completed(plan)
+        self._wake()

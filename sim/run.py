@@ -229,6 +229,7 @@ def make_latency_model(
         tensor_parallel_size=scenario.engine.tensor_parallel_size,
         params=spec.params(),
         quantization=scenario.quantization,
+        pipeline_parallel_size=scenario.engine.pipeline_parallel_size,
     )
     return roofline, 0.0
 
@@ -243,6 +244,7 @@ def memory_plan(scenario: Scenario, model: ModelArch, gpu: GPU) -> MemoryPlan:
             dtype=scenario.dtype,
             kv_dtype=scenario.kv_dtype,
             tensor_parallel_size=engine.tensor_parallel_size,
+            pipeline_parallel_size=engine.pipeline_parallel_size,
             gpu_memory_utilization=engine.gpu_memory_utilization,
             max_num_batched_tokens=engine.max_num_batched_tokens,
             block_size=engine.block_size,
@@ -585,8 +587,16 @@ def _engines(
         frontend_overhead_s = coefficients.frontend_overhead_s
     else:
         _, frontend_overhead_s = make_latency_model(scenario, model, gpu, np.random.default_rng(0))
+    if engine.pipeline_parallel_size > 1 and engine.batching != "continuous":
+        raise ValueError(
+            f"{field}.pipeline_parallel_size: pipelining overlaps continuous-batching steps; "
+            "set batching: continuous or pipeline_parallel_size: 1"
+        )
     hardware = ReplicaHardware(
-        gpu=gpu.name, num_gpus=engine.tensor_parallel_size, gpu_hour_usd=scenario.gpu_hour_usd()
+        gpu=gpu.name,
+        num_gpus=engine.tensor_parallel_size * engine.pipeline_parallel_size,
+        gpu_hour_usd=scenario.gpu_hour_usd(),
+        pipeline_parallel_size=engine.pipeline_parallel_size,
     )
     return _Engines(make_engine, plan, max_model_len, frontend_overhead_s, hardware)
 

@@ -323,6 +323,8 @@ class EngineSpec(Spec):
     gpu_memory_utilization: Annotated[float, Field(gt=0, le=1)] = 0.9
     max_model_len: PositiveInt | None = None  # None: the model's max_position_embeddings
     tensor_parallel_size: Literal[1, 2, 4, 8, 16] = 1
+    # Layers split into this many stages, one batch in flight per stage (continuous batching).
+    pipeline_parallel_size: Annotated[int, Field(ge=1, le=64)] = 1
     scheduling_policy: Literal["fcfs", "priority"] = "fcfs"
     batching: Literal["continuous", "static", "dynamic"] = "continuous"
     vllm_version: str | None = None  # the deployment's vLLM version, checked against profiles

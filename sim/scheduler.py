@@ -53,6 +53,8 @@ class Sequence:
     # transfer takes that long, and it decodes from ``kv_ready_s`` on; ``on_kv_admitted`` is
     # told when the transfer starts and ends.
     hold_kv: bool = False
+    in_flight: bool = False  # in a step not yet completed (pipeline parallelism overlaps steps)
+    group: int = 0  # pipeline parallelism: the micro-batch group (virtual engine) it runs in
     remote_transfer_s: float = 0.0
     kv_ready_s: float = math.nan
     on_kv_admitted: Callable[[Sequence, float], None] | None = None
@@ -242,6 +244,11 @@ class ContinuousBatchScheduler(_SchedulerBase):
     def __init__(self, config: SchedulerConfig, kv: KVCacheManager) -> None:
         super().__init__(config, kv)
         self.running: list[Sequence] = []
+        # Pipeline parallelism: requests are dealt into this many groups as they are admitted
+        # (vLLM's virtual engines, one per stage) and each step serves one group in turn, so
+        # that a step per stage can be in flight.
+        self.pipeline_groups = 1
+        self._next_group = 0
 
     @property
     def num_running(self) -> int:
@@ -263,15 +270,33 @@ class ContinuousBatchScheduler(_SchedulerBase):
         self.num_preemptions += 1
         self.waiting.push_front(victim)
 
-    def _pick_victim(self) -> Sequence:
+    def _pick_victim(self) -> Sequence | None:
+        """The request to preempt (never one inside a running pipeline step); None if none."""
+        candidates = [s for s in self.running if not s.in_flight]
+        if not candidates:
+            return None
         if self.config.policy == "fcfs":
-            return self.running.pop()
-        victim = max(self.running, key=lambda s: (s.request.priority, s.record.arrival_s))
+            victim = candidates[-1]
+        else:
+            victim = max(candidates, key=lambda s: (s.request.priority, s.record.arrival_s))
         self.running.remove(victim)
         return victim
 
     def schedule(self, now: float) -> StepPlan | None:
-        """Plan one step: running requests first, then admissions if nothing was preempted."""
+        """Plan one step: running requests first, then admissions if nothing was preempted.
+        Under pipeline parallelism the step serves the next group that has work."""
+        groups = self.pipeline_groups
+        if groups == 1:
+            return self._schedule(now, None)
+        for attempt in range(groups):
+            group = (self._next_group + attempt) % groups
+            plan = self._schedule(now, group)
+            if plan is not None:
+                self._next_group = (group + 1) % groups
+                return plan
+        return None
+
+    def _schedule(self, now: float, group: int | None) -> StepPlan | None:
         config = self.config
         kv = self.kv
         budget = config.max_num_batched_tokens
@@ -282,7 +307,9 @@ class ContinuousBatchScheduler(_SchedulerBase):
         index = 0
         while index < len(self.running) and budget > 0:
             seq = self.running[index]
-            if seq.kv_ready_s > now:  # its KV is still on the way from a prefill replica
+            if seq.in_flight or seq.kv_ready_s > now or (group is not None and seq.group != group):
+                # In a pipeline step still running, or its KV is on the way from a prefill
+                # replica: not schedulable this step.
                 index += 1
                 continue
             num_new = seq.num_tokens - seq.num_computed_tokens
@@ -295,6 +322,9 @@ class ContinuousBatchScheduler(_SchedulerBase):
             seq_preempted = False
             while not kv.allocate_slots(seq.request_id, seq.keys, seq.num_computed_tokens, num_new):
                 victim = self._pick_victim()
+                if victim is None:  # everyone else is in a running pipeline step: wait
+                    seq_preempted = True
+                    break
                 if victim.request_id in scheduled_ids:
                     # Priority policy: the victim was already scheduled, earlier in the list.
                     position = scheduled_ids.pop(victim.request_id)
@@ -336,6 +366,8 @@ class ContinuousBatchScheduler(_SchedulerBase):
                 kv.record_lookup(seq.num_tokens, num_hit, preempted=seq.record.num_preemptions > 0)
                 self.waiting.pop()
                 seq.num_computed_tokens = num_hit
+                if group is not None:
+                    seq.group = group
                 record = seq.record
                 if math.isnan(record.scheduled_s):
                     record.scheduled_s = now
