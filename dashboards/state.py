@@ -1,0 +1,41 @@
+"""Session state shared by the pages: the scenario being edited, and the cached run."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import streamlit as st
+
+from dashboards.core import content_key, default_data, parse_data, simulate
+from sim.run import SimResult
+from sim.scenario import Scenario
+
+SCENARIO = "scenario_data"
+
+
+def scenario_data() -> dict[str, Any]:
+    """The scenario dict the pages edit (the embedded default at first)."""
+    if SCENARIO not in st.session_state:
+        st.session_state[SCENARIO] = default_data()
+    data: dict[str, Any] = st.session_state[SCENARIO]
+    return data
+
+
+def set_scenario_data(data: dict[str, Any]) -> None:
+    st.session_state[SCENARIO] = data
+
+
+@st.cache_data(show_spinner=False, max_entries=32)
+def _run(key: str, scenario_json: str) -> SimResult:
+    """One simulation per distinct scenario (``key`` is its content hash)."""
+    return simulate(Scenario.model_validate_json(scenario_json))
+
+
+def run(scenario: Scenario) -> SimResult:
+    """The scenario's results, simulated once per content."""
+    return _run(content_key(scenario), scenario.model_dump_json())
+
+
+def current_scenario() -> tuple[Scenario | None, list[str]]:
+    parsed = parse_data(scenario_data())
+    return parsed.scenario, parsed.errors

@@ -1,0 +1,135 @@
+"""The Streamlit planner, driven with streamlit.testing.v1.AppTest: every page renders without
+exceptions, a changed knob changes the result, and bad input is an inline error."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+pytest.importorskip("streamlit")
+from streamlit.testing.v1 import AppTest
+
+from dashboards.core import (
+    MAX_SCENARIO_BYTES,
+    default_data,
+    parse_upload,
+    parse_yaml_text,
+    presets,
+    store_trace,
+)
+from dashboards.state import SCENARIO
+
+PAGES = Path(__file__).parents[1] / "dashboards" / "pages"
+TIMEOUT = 60
+
+
+def small(data: dict[str, Any] | None = None, **workload: Any) -> dict[str, Any]:
+    data = copy.deepcopy(data or default_data())
+    data["workload"]["num_requests"] = 200
+    data["workload"].update(workload)
+    return data
+
+
+def page(name: str, data: dict[str, Any] | None = None) -> AppTest:
+    app = AppTest.from_file(str(PAGES / f"{name}.py"), default_timeout=TIMEOUT)
+    if data is not None:
+        app.session_state[SCENARIO] = data
+    return app.run()
+
+
+def test_the_app_renders_with_navigation() -> None:
+    app = AppTest.from_file(str(PAGES.parent / "app.py"), default_timeout=TIMEOUT).run()
+    assert not app.exception
+    assert app.title[0].value == "Scenario"
+
+
+def test_scenario_page_renders_every_group() -> None:
+    app = page("scenario", small())
+    assert not app.exception
+    tabs = [tab.label for tab in app.tabs]
+    assert tabs == [
+        "Model & GPU",
+        "Workload",
+        "Engine",
+        "Fleet & autoscaling",
+        "SLOs & cost",
+        "YAML & trace",
+    ]
+    assert app.success and "Valid" in app.success[0].value
+
+
+def test_results_page_shows_the_headline_cards() -> None:
+    app = page("results", small())
+    assert not app.exception
+    labels = [metric.label for metric in app.metric]
+    assert labels[:2] == ["TTFT p90", "TPOT p90"]
+    assert {"SLO attainment", "Output tokens/s", "USD / M output tokens", "Prefix hit rate"} <= set(
+        labels
+    )
+
+
+def test_a_changed_knob_changes_the_result() -> None:
+    app = page("scenario", small())
+    app.number_input(key="rate").set_value(40.0).run()
+    assert not app.exception
+    busy = app.session_state[SCENARIO]
+    assert busy["workload"]["arrival"]["rate"] == 40.0
+    quiet = page("results", small())
+    loaded = page("results", busy)
+    ttft = {m.label: m.value for m in quiet.metric}["TTFT p90"]
+    ttft_busy = {m.label: m.value for m in loaded.metric}["TTFT p90"]
+    assert ttft != ttft_busy
+
+
+def test_replicas_knob_reaches_the_fleet() -> None:
+    app = page("scenario", small())
+    app.number_input(key="replicas").set_value(3).run()
+    result = page("results", app.session_state[SCENARIO])
+    assert not result.exception
+    throughput = {m.label: m.value for m in result.metric}["Output tokens/s"]
+    assert throughput
+
+
+def test_bad_pasted_yaml_is_an_inline_error() -> None:
+    app = page("scenario", small())
+    app.text_area(key="pasted_yaml").input("model: [unclosed").run()
+    app.button(key="use_pasted").click().run()
+    assert not app.exception
+    assert any("not valid YAML" in error.value for error in app.error)
+    app.text_area(key="pasted_yaml").input("model: llama-3.1-8b\ngpu: h100-sxm\n").run()
+    app.button(key="use_pasted").click().run()
+    assert any("workload" in error.value for error in app.error)
+
+
+def test_an_invalid_scenario_is_reported_not_raised() -> None:
+    data = small()
+    data["workload"]["arrival"]["rate"] = -1
+    for name in ("scenario", "results"):
+        app = page(name, data)
+        assert not app.exception
+        assert any("workload.arrival.rate" in error.value for error in app.error)
+
+
+def test_presets_are_valid_and_run() -> None:
+    for name, data in presets().items():
+        parsed = parse_yaml_text(yaml.safe_dump(small(data)), name)
+        assert parsed.errors == [], (name, parsed.errors)
+
+
+def test_uploads_are_capped_and_safe(tmp_path: Path) -> None:
+    assert "larger than" in parse_upload(b"x" * (MAX_SCENARIO_BYTES + 1)).errors[0]
+    assert "not UTF-8" in parse_upload(b"\xff\xfe\x00").errors[0]
+    # safe_load: a Python object tag is rejected, never constructed.
+    tagged = parse_upload(b"!!python/object/apply:os.system ['true']\n")
+    assert tagged.scenario is None and "not valid YAML" in tagged.errors[0]
+    bad, error = store_trace(b"prompt_tokens,output_tokens\nabc,3\n", ".csv", tmp_path)
+    assert bad is None and "prompt_tokens" in error and str(tmp_path) not in error
+    good, error = store_trace(b"prompt_tokens,output_tokens\n100,20\n", ".csv", tmp_path)
+    assert error == "" and good is not None and good.parent == tmp_path
+    assert good.name.startswith("trace-")  # named by content, never by the uploader
+    _, error = store_trace(b"{}", ".exe", tmp_path)
+    assert "csv" in error
