@@ -16,6 +16,10 @@ navigation = st.navigation(
     [
         st.Page(PAGES / "scenario.py", title="Scenario", default=True),
         st.Page(PAGES / "results.py", title="Results"),
+        st.Page(PAGES / "compare.py", title="Compare"),
+        st.Page(PAGES / "planner.py", title="Capacity planner"),
+        st.Page(PAGES / "profiles.py", title="Calibration"),
+        st.Page(PAGES / "export.py", title="Export"),
     ]
 )
 navigation.run()

@@ -188,6 +188,20 @@ def scenario_yaml(scenario: Scenario | dict[str, Any]) -> str:
     return yaml.safe_dump(data, sort_keys=False)
 
 
+def flatten(data: Any, prefix: str = "") -> dict[str, Any]:
+    """``{"engine.max_num_seqs": 256, …}`` from nested sections (lists kept whole)."""
+    if not isinstance(data, dict):
+        return {prefix: data}
+    out: dict[str, Any] = {}
+    for key, value in data.items():
+        name = f"{prefix}.{key}" if prefix else str(key)
+        if isinstance(value, dict):
+            out.update(flatten(value, name))
+        else:
+            out[name] = value
+    return out
+
+
 def records_csv(records: pd.DataFrame) -> bytes:
     """The per-request table as CSV bytes for download."""
     buffer = io.StringIO()

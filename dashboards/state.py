@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 import streamlit as st
@@ -11,6 +12,7 @@ from sim.run import SimResult
 from sim.scenario import Scenario
 
 SCENARIO = "scenario_data"
+SAVED = "saved_scenarios"
 
 
 def scenario_data() -> dict[str, Any]:
@@ -34,6 +36,16 @@ def _run(key: str, scenario_json: str) -> SimResult:
 def run(scenario: Scenario) -> SimResult:
     """The scenario's results, simulated once per content."""
     return _run(content_key(scenario), scenario.model_dump_json())
+
+
+def saved_scenarios() -> dict[str, dict[str, Any]]:
+    """Scenarios saved for comparison this session, by name."""
+    saved: dict[str, dict[str, Any]] = st.session_state.setdefault(SAVED, {})
+    return saved
+
+
+def save_scenario(name: str, data: dict[str, Any]) -> None:
+    saved_scenarios()[name] = copy.deepcopy(data)
 
 
 def current_scenario() -> tuple[Scenario | None, list[str]]:

@@ -133,3 +133,56 @@ def test_uploads_are_capped_and_safe(tmp_path: Path) -> None:
     assert good.name.startswith("trace-")  # named by content, never by the uploader
     _, error = store_trace(b"{}", ".exe", tmp_path)
     assert "csv" in error
+
+
+def test_compare_page_shows_the_knobs_that_differ() -> None:
+    from dashboards.state import SAVED
+
+    quiet = small()
+    busy = small()
+    busy["workload"]["arrival"]["rate"] = 30
+    app = AppTest.from_file(str(PAGES / "compare.py"), default_timeout=TIMEOUT)
+    app.session_state[SAVED] = {"quiet": quiet, "busy": busy}
+    app.run()
+    assert not app.exception
+    diff = app.dataframe[1].value
+    assert list(diff.index) == ["workload.arrival.rate"]
+    assert len(app.get("plotly_chart")) == 2
+
+
+def test_compare_page_asks_for_two_scenarios() -> None:
+    app = page("compare", small())
+    assert not app.exception and "Save two or more" in app.info[0].value
+
+
+def test_planner_page_finds_the_cheapest() -> None:
+    data = small(num_requests=100)
+    app = page("planner", data)
+    assert not app.exception
+    app.multiselect(key="plan_gpus").set_value(["h100-sxm"])
+    app.multiselect(key="plan_tp").set_value([1])
+    app.multiselect(key="plan_dt").set_value(["bf16"])
+    app.number_input(key="plan_max").set_value(2)
+    app.number_input(key="plan_requests").set_value(100)
+    app.button(key="plan_search").click().run(timeout=120)
+    assert not app.exception
+    assert app.success and "Cheapest meeting the SLOs" in app.success[0].value
+    assert any("vllm serve" in block.value for block in app.code)
+
+
+def test_calibration_page_shows_a_shipped_profile() -> None:
+    app = page("profiles", small())
+    assert not app.exception
+    app.selectbox(key="profile_pick").set_value("h100-sxm_llama-3.1-8b_tp1.json").run()
+    assert not app.exception
+    labels = [m.label for m in app.metric]
+    assert labels == ["fit error mean", "fit error p90", "points"]
+    assert len(app.get("plotly_chart")) == 1
+
+
+def test_export_page_writes_command_and_manifests() -> None:
+    app = page("export", small())
+    assert not app.exception
+    blocks = [block.value for block in app.code]
+    assert blocks[0].startswith("vllm serve meta-llama/Llama-3.1-8B")
+    assert "kind: Deployment" in blocks[1]

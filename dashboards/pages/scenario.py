@@ -16,7 +16,12 @@ from dashboards.core import (
     store_trace,
     upload_directory,
 )
-from dashboards.state import current_scenario, scenario_data, set_scenario_data
+from dashboards.state import (
+    current_scenario,
+    save_scenario,
+    scenario_data,
+    set_scenario_data,
+)
 from sim.hardware import GPU_CATALOG
 from sim.models import MODEL_CATALOG
 
@@ -137,6 +142,10 @@ def main() -> None:
         _files(data)
 
     set_scenario_data(data)
+    name = st.text_input("Save as (for Compare)", data.get("name", "scenario"), key="save_name")
+    if st.button("Save for comparison", key="save_compare") and name.strip():
+        save_scenario(name.strip(), data)
+        st.toast(f"saved {name.strip()}")
     scenario, errors = current_scenario()
     if errors:
         st.error("This scenario cannot run:\n\n" + "\n".join(f"- {e}" for e in errors))

@@ -1,0 +1,198 @@
+"""Capacity planning: the cheapest configuration that meets the SLOs at a given load.
+
+A :class:`Candidate` is one way to deploy the scenario's model — GPU type, tensor parallelism,
+weight dtype, replica count. :func:`evaluate` simulates the scenario's traffic on it and
+reports whether the SLOs were met and what it costs per hour; :func:`search` evaluates a grid
+(in parallel processes), and :func:`pareto_front` and :func:`breaking_load` (a bisection on the
+arrival rate) describe the trade-off. Candidates that cannot run (the model does not fit, no
+price for the GPU) are reported with the reason, not dropped silently.
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import math
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from sim.run import build
+from sim.scenario import ScenarioError, parse_scenario
+
+
+@dataclass(frozen=True)
+class Candidate:
+    gpu: str
+    tensor_parallel_size: int
+    dtype: str
+    replicas: int
+
+    @property
+    def label(self) -> str:
+        return f"{self.replicas}× {self.gpu} TP{self.tensor_parallel_size} {self.dtype}"
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    """One candidate's outcome under the scenario's traffic."""
+
+    candidate: Candidate
+    feasible: bool  # it ran (fits, has a price)
+    meets_slo: bool
+    usd_per_hour: float | None
+    ttft_at_percentile_s: float | None
+    tpot_at_percentile_s: float | None
+    slo_attainment: float | None
+    output_tokens_per_s: float | None
+    reason: str = ""
+
+    def row(self) -> dict[str, Any]:
+        return {
+            **asdict(self.candidate),
+            "label": self.candidate.label,
+            **{k: v for k, v in asdict(self).items() if k != "candidate"},
+        }
+
+
+def apply(data: dict[str, Any], candidate: Candidate) -> dict[str, Any]:
+    """The scenario dict with the candidate's GPU, TP, dtype and replica count."""
+    out = copy.deepcopy(data)
+    out["gpu"] = candidate.gpu
+    out["dtype"] = candidate.dtype
+    out.setdefault("engine", {})["tensor_parallel_size"] = candidate.tensor_parallel_size
+    fleet = out.setdefault("fleet", {})
+    fleet.pop("autoscaling", None)
+    fleet.pop("pools", None)
+    fleet.pop("disaggregation", None)
+    fleet["replicas"] = candidate.replicas
+    return out
+
+
+def evaluate(data: dict[str, Any], candidate: Candidate) -> Evaluation:
+    """Simulate the scenario's traffic on ``candidate`` (a top-level function: it runs in
+    worker processes)."""
+    try:
+        scenario = parse_scenario(apply(data, candidate), candidate.label)
+        summary = build(scenario).run().summary
+    except ScenarioError as exc:
+        return _infeasible(candidate, "; ".join(exc.problems))
+    except ValueError as exc:
+        return _infeasible(candidate, str(exc))
+    slo = summary["slo"]
+    usd = summary["cost"]["usd_per_hour"]
+    if usd is None:
+        return _infeasible(
+            candidate, f"no price for {', '.join(summary['cost']['missing_prices'])}"
+        )
+    return Evaluation(
+        candidate,
+        feasible=True,
+        meets_slo=bool(slo["met"]),
+        usd_per_hour=usd,
+        ttft_at_percentile_s=slo["ttft_at_percentile_s"],
+        tpot_at_percentile_s=slo["tpot_at_percentile_s"],
+        slo_attainment=summary["goodput"]["slo_attainment"],
+        output_tokens_per_s=summary["throughput"]["output_tokens_per_s"],
+    )
+
+
+def _infeasible(candidate: Candidate, reason: str) -> Evaluation:
+    return Evaluation(candidate, False, False, None, None, None, None, None, reason)
+
+
+def grid(
+    gpus: Sequence[str],
+    tensor_parallel_sizes: Sequence[int],
+    dtypes: Sequence[str],
+    replicas: Sequence[int],
+) -> list[Candidate]:
+    return [
+        Candidate(gpu, tp, dtype, n)
+        for gpu, tp, dtype, n in itertools.product(gpus, tensor_parallel_sizes, dtypes, replicas)
+    ]
+
+
+def search(
+    data: dict[str, Any],
+    candidates: Iterable[Candidate],
+    *,
+    workers: int = 2,
+    progress: Callable[[int, int], None] | None = None,
+) -> list[Evaluation]:
+    """Evaluate every candidate, ``workers`` at a time (1: in this process)."""
+    candidates = list(candidates)
+    results: list[Evaluation] = []
+    if workers <= 1:
+        for candidate in candidates:
+            results.append(evaluate(data, candidate))
+            if progress:
+                progress(len(results), len(candidates))
+        return results
+    with ProcessPoolExecutor(max_workers=workers) as pool:
+        futures = [pool.submit(evaluate, data, c) for c in candidates]
+        for future in futures:
+            results.append(future.result())
+            if progress:
+                progress(len(results), len(candidates))
+    return results
+
+
+def cheapest(evaluations: Iterable[Evaluation]) -> Evaluation | None:
+    """The lowest-cost candidate that meets the SLOs (ties: fewer GPUs, then lower TTFT)."""
+    passing = [e for e in evaluations if e.meets_slo and e.usd_per_hour is not None]
+    if not passing:
+        return None
+    return min(
+        passing,
+        key=lambda e: (
+            e.usd_per_hour,
+            e.candidate.replicas * e.candidate.tensor_parallel_size,
+            e.ttft_at_percentile_s or math.inf,
+        ),
+    )
+
+
+def pareto_front(evaluations: Iterable[Evaluation]) -> list[Evaluation]:
+    """Feasible candidates not beaten on both cost and TTFT at the SLO percentile, by cost."""
+    feasible = sorted(
+        (e for e in evaluations if e.feasible and e.ttft_at_percentile_s is not None),
+        key=lambda e: (e.usd_per_hour or math.inf, e.ttft_at_percentile_s or math.inf),
+    )
+    front: list[Evaluation] = []
+    best = math.inf
+    for evaluation in feasible:
+        ttft = evaluation.ttft_at_percentile_s or math.inf
+        if ttft < best:
+            front.append(evaluation)
+            best = ttft
+    return front
+
+
+def breaking_load(
+    data: dict[str, Any], candidate: Candidate, *, steps: int = 6, max_scale: float = 64.0
+) -> float | None:
+    """The largest multiple of the scenario's arrival rate at which ``candidate`` still meets
+    the SLOs, by bisection over ``steps`` simulations (None: it fails at 1/max_scale already)."""
+    arrival = data["workload"].get("arrival", {})
+    if "rate" not in arrival:
+        raise ValueError("workload.arrival: breaking load needs an arrival with a rate")
+
+    def meets(scale: float) -> bool:
+        scaled = copy.deepcopy(data)
+        scaled["workload"]["arrival"]["rate"] = arrival["rate"] * scale
+        return evaluate(scaled, candidate).meets_slo
+
+    low, high = 1.0 / max_scale, max_scale
+    if not meets(low):
+        return None
+    if meets(high):
+        return high
+    for _ in range(steps):
+        middle = math.sqrt(low * high)  # bisect in log space: loads span orders of magnitude
+        if meets(middle):
+            low = middle
+        else:
+            high = middle
+    return low

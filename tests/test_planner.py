@@ -1,0 +1,81 @@
+"""The capacity search: cheapest configuration meeting the SLOs, the Pareto front, breaking load."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from sim.planner import Candidate, breaking_load, cheapest, evaluate, grid, pareto_front, search
+from tests.factories import scenario_dict
+
+
+def traffic(rate: float = 12.0) -> dict[str, Any]:
+    return scenario_dict(
+        seed=2,
+        workload={
+            "arrival": {"type": "poisson", "rate": rate},
+            "prompt_tokens": {"type": "constant", "value": 1024},
+            "output_tokens": {"type": "constant", "value": 200},
+            "num_requests": 300,
+        },
+        slo={"ttft_s": 0.3, "tpot_s": 0.03, "percentile": 90},
+    )
+
+
+@pytest.fixture(scope="module")
+def evaluations() -> list[Any]:
+    candidates = grid(["h100-sxm", "a100-80gb-sxm", "l40s"], [1], ["bf16"], [1, 2, 3])
+    return search(traffic(), candidates, workers=2)
+
+
+def test_search_reports_every_candidate_with_a_reason(evaluations: list[Any]) -> None:
+    assert len(evaluations) == 9
+    l40s = [e for e in evaluations if e.candidate.gpu == "l40s"]
+    assert all(not e.feasible and "no price" in e.reason for e in l40s)
+    assert any(e.meets_slo for e in evaluations)
+    assert any(e.feasible and not e.meets_slo for e in evaluations)
+
+
+def test_cheapest_meets_the_slo_and_nothing_cheaper_does(evaluations: list[Any]) -> None:
+    best = cheapest(evaluations)
+    assert best is not None and best.meets_slo
+    cheaper = [
+        e for e in evaluations if e.usd_per_hour is not None and e.usd_per_hour < best.usd_per_hour
+    ]
+    assert cheaper and not any(e.meets_slo for e in cheaper)
+
+
+def test_pareto_front_is_not_dominated(evaluations: list[Any]) -> None:
+    front = pareto_front(evaluations)
+    assert front
+    costs = [e.usd_per_hour for e in front]
+    ttfts = [e.ttft_at_percentile_s for e in front]
+    assert costs == sorted(costs) and ttfts == sorted(ttfts, reverse=True)
+    for member in front:
+        for other in evaluations:
+            if other.feasible and other is not member:
+                assert not (
+                    other.usd_per_hour < member.usd_per_hour
+                    and other.ttft_at_percentile_s < member.ttft_at_percentile_s
+                )
+
+
+def test_processes_and_one_process_agree() -> None:
+    candidates = grid(["h100-sxm"], [1, 2], ["bf16", "fp8"], [1])
+    assert search(traffic(), candidates, workers=2) == search(traffic(), candidates, workers=1)
+
+
+def test_a_model_that_does_not_fit_is_infeasible_with_its_reason() -> None:
+    data = traffic()
+    data["model"] = "llama-3.1-70b"
+    result = evaluate(data, Candidate("a100-80gb-sxm", 1, "bf16", 1))
+    assert not result.feasible and "does not fit" in result.reason
+
+
+def test_breaking_load_grows_with_the_fleet() -> None:
+    data = traffic(rate=4.0)
+    one = breaking_load(data, Candidate("h100-sxm", 1, "bf16", 1), steps=5)
+    three = breaking_load(data, Candidate("h100-sxm", 1, "bf16", 3), steps=5)
+    assert one is not None and three is not None
+    assert three > 2 * one
