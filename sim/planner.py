@@ -24,14 +24,19 @@ from sim.scenario import ScenarioError, parse_scenario
 
 @dataclass(frozen=True)
 class Candidate:
+    """A deployment: ``replicas`` co-located replicas, or with ``prefill`` > 0 a disaggregated
+    fleet of ``prefill`` prefill and ``replicas`` decode replicas."""
+
     gpu: str
     tensor_parallel_size: int
     dtype: str
     replicas: int
+    prefill: int = 0
 
     @property
     def label(self) -> str:
-        return f"{self.replicas}× {self.gpu} TP{self.tensor_parallel_size} {self.dtype}"
+        shape = f"{self.prefill}P:{self.replicas}D" if self.prefill else f"{self.replicas}×"
+        return f"{shape} {self.gpu} TP{self.tensor_parallel_size} {self.dtype}"
 
 
 @dataclass(frozen=True)
@@ -67,6 +72,12 @@ def apply(data: dict[str, Any], candidate: Candidate) -> dict[str, Any]:
     fleet.pop("pools", None)
     fleet.pop("disaggregation", None)
     fleet["replicas"] = candidate.replicas
+    if candidate.prefill:
+        fleet["disaggregation"] = {
+            **(data.get("fleet", {}).get("disaggregation") or {}),
+            "prefill": {"replicas": candidate.prefill},
+            "decode": {"replicas": candidate.replicas},
+        }
     return out
 
 
@@ -107,11 +118,17 @@ def grid(
     tensor_parallel_sizes: Sequence[int],
     dtypes: Sequence[str],
     replicas: Sequence[int],
+    *,
+    disaggregated: bool = False,
 ) -> list[Candidate]:
-    return [
-        Candidate(gpu, tp, dtype, n)
-        for gpu, tp, dtype, n in itertools.product(gpus, tensor_parallel_sizes, dtypes, replicas)
-    ]
+    """Every combination; with ``disaggregated`` also every xP:yD split of each replica count
+    of 2 or more (x + y replicas in all)."""
+    out = []
+    for gpu, tp, dtype, n in itertools.product(gpus, tensor_parallel_sizes, dtypes, replicas):
+        out.append(Candidate(gpu, tp, dtype, n))
+        if disaggregated:
+            out += [Candidate(gpu, tp, dtype, n - p, prefill=p) for p in range(1, n)]
+    return out
 
 
 def search(
@@ -148,7 +165,7 @@ def cheapest(evaluations: Iterable[Evaluation]) -> Evaluation | None:
         passing,
         key=lambda e: (
             e.usd_per_hour,
-            e.candidate.replicas * e.candidate.tensor_parallel_size,
+            (e.candidate.replicas + e.candidate.prefill) * e.candidate.tensor_parallel_size,
             e.ttft_at_percentile_s or math.inf,
         ),
     )

@@ -79,3 +79,18 @@ def test_breaking_load_grows_with_the_fleet() -> None:
     three = breaking_load(data, Candidate("h100-sxm", 1, "bf16", 3), steps=5)
     assert one is not None and three is not None
     assert three > 2 * one
+
+
+def test_disaggregated_splits_are_candidates_too() -> None:
+    candidates = grid(["h100-sxm"], [1], ["bf16"], [1, 3], disaggregated=True)
+    labels = [c.label for c in candidates]
+    assert labels == [
+        "1× h100-sxm TP1 bf16",
+        "3× h100-sxm TP1 bf16",
+        "1P:2D h100-sxm TP1 bf16",
+        "2P:1D h100-sxm TP1 bf16",
+    ]
+    result = evaluate(traffic(), candidates[2])
+    assert result.feasible
+    # Three GPUs either way: the split costs what three co-located replicas cost.
+    assert result.usd_per_hour == pytest.approx(evaluate(traffic(), candidates[1]).usd_per_hour)

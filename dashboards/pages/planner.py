@@ -42,7 +42,8 @@ def main() -> None:
             help="fewer is faster; the rate and lengths are the scenario's",
         )
     )
-    candidates = grid(gpus, tps, dtypes, list(range(1, max_replicas + 1)))
+    split = st.toggle("Also try prefill/decode splits (xP:yD)", False, key="plan_pd")
+    candidates = grid(gpus, tps, dtypes, list(range(1, max_replicas + 1)), disaggregated=split)
     st.caption(f"{len(candidates)} candidates")
     if not st.button("Search", key="plan_search") and "plan_results" not in st.session_state:
         return
