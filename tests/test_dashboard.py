@@ -186,3 +186,17 @@ def test_export_page_writes_command_and_manifests() -> None:
     blocks = [block.value for block in app.code]
     assert blocks[0].startswith("vllm serve meta-llama/Llama-3.1-8B")
     assert "kind: Deployment" in blocks[1]
+
+
+def test_engine_and_arrival_knobs_reach_the_scenario() -> None:
+    app = page("scenario", small())
+    app.selectbox(key="arrival_type").set_value("gamma").run()
+    app.number_input(key="arrival_cv").set_value(4.0).run()
+    app.number_input(key="pp").set_value(2).run()
+    app.selectbox(key="kv_dtype").set_value("fp8").run()
+    assert not app.exception
+    data = app.session_state[SCENARIO]
+    assert data["workload"]["arrival"] == {"type": "gamma", "rate": 8.0, "cv": 4.0}
+    assert data["engine"]["pipeline_parallel_size"] == 2
+    assert data["kv_cache_dtype"] == "fp8"
+    assert app.success and "Valid" in app.success[0].value

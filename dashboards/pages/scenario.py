@@ -80,6 +80,17 @@ def main() -> None:
     with workload_tab:
         workload = data.setdefault("workload", {})
         arrival = workload.get("arrival", {})
+        kinds = ["poisson", "gamma", "constant"]
+        if arrival.get("type") in kinds:
+            kind = st.selectbox("Arrivals", kinds, kinds.index(arrival["type"]), key="arrival_type")
+            old = arrival
+            arrival = {"type": kind, "rate": old.get("rate", 1.0)}
+            if kind == "gamma":
+                arrival["cv"] = _number(
+                    "Burstiness (CV)", 0.01, 100.0, old.get("cv", 2.0), "arrival_cv"
+                )
+        elif arrival:
+            st.caption(f"Arrivals: {arrival.get('type')} (edit in YAML)")
         if "rate" in arrival:
             rate = _number("Arrival rate (req/s)", 0.01, 10_000.0, arrival["rate"], "rate")
             workload["arrival"] = {**arrival, "rate": rate}
@@ -101,8 +112,55 @@ def main() -> None:
             [1, 2, 4, 8].index(int(engine.get("tensor_parallel_size", 1))),
             key="tp",
         )
+        engine["pipeline_parallel_size"] = _number(
+            "Pipeline parallel size", 1, 64, engine.get("pipeline_parallel_size", 1), "pp"
+        )
+        engine["max_num_batched_tokens"] = _number(
+            "max_num_batched_tokens",
+            1,
+            1_048_576,
+            engine.get("max_num_batched_tokens", 8192),
+            "batched_tokens",
+        )
+        if "max_model_len" in engine:
+            engine["max_model_len"] = _number(
+                "max_model_len", 1, 10_000_000, engine["max_model_len"], "max_model_len"
+            )
+        blocks = [1, 8, 16, 32, 64, 128]
+        block = engine.get("block_size", 16)
+        if block in blocks:
+            engine["block_size"] = st.selectbox(
+                "Block size", blocks, blocks.index(block), key="block"
+            )
+        engine["gpu_memory_utilization"] = _number(
+            "gpu_memory_utilization", 0.05, 1.0, engine.get("gpu_memory_utilization", 0.9), "gmu"
+        )
         engine["enable_prefix_caching"] = st.toggle(
             "Prefix caching", bool(engine.get("enable_prefix_caching", True)), key="caching"
+        )
+        engine["enable_chunked_prefill"] = st.toggle(
+            "Chunked prefill", bool(engine.get("enable_chunked_prefill", True)), key="chunked"
+        )
+        batchings = ["continuous", "static", "dynamic"]
+        engine["batching"] = st.selectbox(
+            "Batching",
+            batchings,
+            batchings.index(engine.get("batching", "continuous")),
+            key="batching",
+        )
+        methods = ["auto", "weight_only", "w8a8", "bitsandbytes"]
+        data["quantization"] = st.selectbox(
+            "Quantization method",
+            methods,
+            methods.index(data.get("quantization", "auto")),
+            key="quantization",
+        )
+        kv_types = ["auto", "bf16", "fp16", "fp8"]
+        data["kv_cache_dtype"] = st.selectbox(
+            "KV cache dtype",
+            kv_types,
+            kv_types.index(data.get("kv_cache_dtype", "auto")),
+            key="kv_dtype",
         )
     with fleet_tab:
         fleet = data.setdefault("fleet", {})
