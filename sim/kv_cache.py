@@ -189,8 +189,22 @@ class KVCacheManager:
         ``new_computed_blocks`` are prefix-cache hits found for a request being (re)started; their
         tokens are already included in ``num_computed_tokens``. Nothing changes on failure.
         """
+        total = num_computed_tokens + num_new_tokens
+        if not new_computed_blocks:
+            # Fast path (most decode steps): the tokens fit in the blocks already held and no
+            # block fills up, so there is nothing to allocate or to register in the cache.
+            held_now = self._request_blocks.get(request_id)
+            if (
+                held_now is not None
+                and total <= len(held_now) * self.block_size
+                and (
+                    not self.enable_prefix_caching
+                    or total // self.block_size <= self._request_num_cached[request_id]
+                )
+            ):
+                return True
         held = self._request_blocks.setdefault(request_id, [])
-        num_required = self.blocks_needed(num_computed_tokens + num_new_tokens)
+        num_required = self.blocks_needed(total)
         num_new_blocks = num_required - len(held) - len(new_computed_blocks)
         # Hit blocks that are free still occupy a free slot until touched.
         num_evictable_hits = sum(1 for b in new_computed_blocks if self._ref_count[b] == 0)
