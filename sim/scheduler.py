@@ -304,32 +304,40 @@ class ContinuousBatchScheduler(_SchedulerBase):
         scheduled_ids: dict[int, int] = {}  # request id -> index in scheduled
         preempted: list[Sequence] = []
 
+        running = self.running
+        allocate = kv.allocate_slots
+        chunked = config.enable_chunked_prefill
+        track_ids = config.policy == "priority"  # only priority preemption reaches back
+        emptied = False
         index = 0
-        while index < len(self.running) and budget > 0:
-            seq = self.running[index]
+        while index < len(running) and budget > 0:
+            seq = running[index]
             if seq.in_flight or seq.kv_ready_s > now or (group is not None and seq.group != group):
                 # In a pipeline step still running, or its KV is on the way from a prefill
                 # replica: not schedulable this step.
                 index += 1
                 continue
-            num_new = seq.num_tokens - seq.num_computed_tokens
-            if config.enable_chunked_prefill:
-                num_new = min(num_new, budget)
+            computed = seq.num_computed_tokens
+            num_new = seq.request.prompt_tokens + seq.num_generated - computed
+            if chunked:
+                if num_new > budget:
+                    num_new = budget
             else:
                 # Without chunking a prompt is admitted whole: running requests only decode.
                 assert num_new == 1, (seq.request_id, num_new)
             assert num_new > 0
             seq_preempted = False
-            while not kv.allocate_slots(seq.request_id, seq.keys, seq.num_computed_tokens, num_new):
+            while not allocate(seq.request.request_id, seq.keys, computed, num_new):
                 victim = self._pick_victim()
                 if victim is None:  # everyone else is in a running pipeline step: wait
                     seq_preempted = True
                     break
-                if victim.request_id in scheduled_ids:
+                if track_ids and victim.request_id in scheduled_ids:
                     # Priority policy: the victim was already scheduled, earlier in the list.
                     position = scheduled_ids.pop(victim.request_id)
                     budget += scheduled[position][1]
                     scheduled[position] = (victim, 0)
+                    emptied = True
                     index -= 1
                 self._preempt(victim)
                 preempted.append(victim)
@@ -338,11 +346,13 @@ class ContinuousBatchScheduler(_SchedulerBase):
                     break
             if seq_preempted:
                 break  # as vLLM: once a request cannot stay, nothing after it is scheduled
-            scheduled_ids[seq.request_id] = len(scheduled)
+            if track_ids:
+                scheduled_ids[seq.request.request_id] = len(scheduled)
             scheduled.append((seq, num_new))
             budget -= num_new
             index += 1
-        scheduled = [(s, n) for s, n in scheduled if n > 0]
+        if emptied:
+            scheduled = [(s, n) for s, n in scheduled if n > 0]
 
         if not preempted:
             while len(self.waiting) and budget > 0 and len(self.running) < config.max_num_seqs:
