@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 import warnings
 from dataclasses import dataclass
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 import numpy as np
 
@@ -383,6 +383,36 @@ class RooflineModel:
         )
 
 
+class _Room(NamedTuple):
+    """Per GPU: what is usable, what the weights and activations take, what is left for KV."""
+
+    usable: float
+    weight_bytes: float
+    activation: float
+    kv_per_token: float
+    kv_bytes: float
+
+
+def _memory_room(
+    model: ModelArch,
+    gpu: GPU,
+    dtype: str,
+    kv_dtype: str,
+    tp: int,
+    gpu_memory_utilization: float,
+    max_num_batched_tokens: int,
+    pp: int = 1,
+) -> _Room:
+    """The memory split of :func:`plan_memory` (see its docstring), before rounding to blocks."""
+    usable = reported_memory_bytes(gpu) * gpu_memory_utilization
+    weight_bytes = model.weight_bytes(dtype) / tp / pp
+    tokens = max_num_batched_tokens
+    activation = tokens * (4 * model.hidden_size + 3 * model.intermediate_size / tp) * 2.0
+    kv_per_token = model.kv_bytes_per_token(kv_dtype) / min(tp, model.num_key_value_heads) / pp
+    kv_bytes = usable - weight_bytes - activation - FIXED_RESERVE_BYTES
+    return _Room(usable, weight_bytes, activation, kv_per_token, kv_bytes)
+
+
 def _fits(
     model: ModelArch,
     gpu: GPU,
@@ -394,11 +424,10 @@ def _fits(
     block_size: int,
     pp: int = 1,
 ) -> bool:
-    usable = reported_memory_bytes(gpu) * gpu_memory_utilization
-    activation = max_num_batched_tokens * (4 * model.hidden_size + 3 * model.intermediate_size / tp)
-    kv_per_token = model.kv_bytes_per_token(kv_dtype) / min(tp, model.num_key_value_heads) / pp
-    left = usable - model.weight_bytes(dtype) / tp / pp - activation * 2.0 - FIXED_RESERVE_BYTES
-    return left >= kv_per_token * block_size
+    room = _memory_room(
+        model, gpu, dtype, kv_dtype, tp, gpu_memory_utilization, max_num_batched_tokens, pp
+    )
+    return room.kv_bytes >= room.kv_per_token * block_size
 
 
 def _does_not_fit(
@@ -491,34 +520,31 @@ def plan_memory(
     """
     tp = tensor_parallel_size
     pp = pipeline_parallel_size
-    weight_bytes = model.weight_bytes(dtype) / tp / pp
-    device_bytes = reported_memory_bytes(gpu)
-    usable = device_bytes * gpu_memory_utilization
-    tokens = max_num_batched_tokens
-    activation = tokens * (4 * model.hidden_size + 3 * model.intermediate_size / tp) * 2.0
-    kv_per_token = (
-        model.kv_bytes_per_token(kv_dtype or dtype) / min(tp, model.num_key_value_heads) / pp
+    kv_dtype = kv_dtype or dtype
+    room = _memory_room(
+        model, gpu, dtype, kv_dtype, tp, gpu_memory_utilization, max_num_batched_tokens, pp
     )
-    kv_bytes = usable - weight_bytes - activation - FIXED_RESERVE_BYTES
+    kv_bytes, kv_per_token = room.kv_bytes, room.kv_per_token
     if kv_bytes < kv_per_token * block_size:
         raise ValueError(
             _does_not_fit(
                 model,
                 gpu,
                 dtype,
-                kv_dtype or dtype,
+                kv_dtype,
                 tp,
                 gpu_memory_utilization,
                 max_num_batched_tokens,
                 block_size,
+                pp,
             )
         )
     num_blocks = int(kv_bytes // (kv_per_token * block_size))
     return MemoryPlan(
-        gpu_memory_bytes=device_bytes,
-        usable_bytes=usable,
-        weight_bytes=weight_bytes,
-        activation_bytes=activation,
+        gpu_memory_bytes=reported_memory_bytes(gpu),
+        usable_bytes=room.usable,
+        weight_bytes=room.weight_bytes,
+        activation_bytes=room.activation,
         kv_bytes=kv_bytes,
         kv_bytes_per_token=kv_per_token,
         num_blocks=num_blocks,
