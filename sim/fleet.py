@@ -33,7 +33,6 @@ class ReplicaHardware:
     gpu: str = "unknown"
     num_gpus: int = 1
     gpu_hour_usd: float | None = None
-    pipeline_parallel_size: int = 1  # steps the replica overlaps (one per pipeline stage)
 
 
 #: Says what replica ``i`` runs on.
@@ -122,7 +121,6 @@ class Fleet:
             latency_model,
             max_model_len=self.max_model_len,
             on_finish=self._finished,
-            pipeline_depth=hardware.pipeline_parallel_size,
         )
         replica.started_s = self.env.now
         replica.hardware = hardware

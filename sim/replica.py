@@ -32,12 +32,9 @@ class Replica:
         *,
         max_model_len: int,
         on_finish: Callable[[Record], None],
-        pipeline_depth: int = 1,
     ) -> None:
         self.env = env
-        self.pipeline_depth = pipeline_depth
-        if pipeline_depth > 1:
-            scheduler.pipeline_groups = pipeline_depth  # type: ignore[attr-defined]
+        self.pipeline_depth = scheduler.config.pipeline_parallel_size
         self.replica_id = replica_id
         self.scheduler = scheduler
         self.kv = scheduler.kv
@@ -50,7 +47,7 @@ class Replica:
         self.prompt_tokens_computed = 0
         self.output_tokens_generated = 0
         self.process = env.process(
-            self._engine_loop() if pipeline_depth == 1 else self._pipelined_loop()
+            self._engine_loop() if self.pipeline_depth == 1 else self._pipelined_loop()
         )
 
     def submit(
@@ -118,13 +115,7 @@ class Replica:
         while True:
             plan = scheduler.schedule(env.now)
             if plan is None:
-                self._wakeup = env.event()
-                wake_at = scheduler.wake_time(env.now)
-                if wake_at is None:
-                    yield self._wakeup
-                else:
-                    yield self._wakeup | env.timeout(max(0.0, wake_at - env.now))
-                self._wakeup = None
+                yield from self._idle()
                 continue
             # A step that only preempted runs no model (vLLM skips execution): it takes no time.
             duration = step_time(plan.batch) if plan.scheduled else 0.0
@@ -132,6 +123,17 @@ class Replica:
             self.busy_s += duration
             yield env.timeout(duration)
             self._completed(plan)
+
+    def _idle(self) -> Generator[simpy.Event, Any, None]:
+        """Sleep until a request arrives, a step finishes, or the scheduler's own wake time."""
+        env = self.env
+        self._wakeup = env.event()
+        wake_at = self.scheduler.wake_time(env.now)
+        if wake_at is None:
+            yield self._wakeup
+        else:
+            yield self._wakeup | env.timeout(max(0.0, wake_at - env.now))
+        self._wakeup = None
 
     def _completed(self, plan: StepPlan) -> None:
         self.prompt_tokens_computed += plan.batch.num_prefill_tokens
@@ -155,13 +157,7 @@ class Replica:
                 if plan is not None:
                     self.num_steps += 1  # a step that only preempted
                     continue
-                self._wakeup = env.event()
-                wake_at = scheduler.wake_time(env.now)
-                if wake_at is None:
-                    yield self._wakeup
-                else:
-                    yield self._wakeup | env.timeout(max(0.0, wake_at - env.now))
-                self._wakeup = None
+                yield from self._idle()
                 continue
             duration = step_time(plan.batch)
             self.num_steps += 1

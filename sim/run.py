@@ -262,6 +262,7 @@ def make_scheduler(scenario: Scenario, kv: KVCacheManager) -> Scheduler:
         enable_chunked_prefill=engine.enable_chunked_prefill,
         policy=engine.scheduling_policy,
         record_token_times=scenario.output.record_token_times,
+        pipeline_parallel_size=engine.pipeline_parallel_size,
     )
     match engine.batching:
         case "continuous":
@@ -573,20 +574,28 @@ def _engines(
         key = (*latency_seed.spawn_key, i - 1)
         return np.random.SeedSequence(latency_seed.entropy, spawn_key=key)
 
+    # Replica 0's model; deterministic models (roofline, profile) serve every replica, so a
+    # profile is read once. A random step model draws from each replica's own stream.
+    shared: IterationTimeModel
+    if coefficients is not None:
+        shared, frontend_overhead_s = (
+            CalibratedModel(coefficients),
+            coefficients.frontend_overhead_s,
+        )
+    else:
+        shared, frontend_overhead_s = make_latency_model(
+            scenario, model, gpu, np.random.default_rng(replica_seed(0))
+        )
+    per_replica = coefficients is None and isinstance(scenario.latency, ExponentialLatencySpec)
+
     def make_engine(i: int) -> tuple[Scheduler, IterationTimeModel]:
         kv = KVCacheManager(plan.num_blocks, engine.block_size, caching)
-        latency_model: IterationTimeModel
-        if coefficients is not None:
-            latency_model = CalibratedModel(coefficients)
-        else:
+        latency_model = shared
+        if per_replica and i > 0:
             rng = np.random.default_rng(replica_seed(i))
             latency_model, _ = make_latency_model(scenario, model, gpu, rng)
         return make_scheduler(scenario, kv), latency_model
 
-    if coefficients is not None:
-        frontend_overhead_s = coefficients.frontend_overhead_s
-    else:
-        _, frontend_overhead_s = make_latency_model(scenario, model, gpu, np.random.default_rng(0))
     if engine.pipeline_parallel_size > 1 and engine.batching != "continuous":
         raise ValueError(
             f"{field}.pipeline_parallel_size: pipelining overlaps continuous-batching steps; "
@@ -596,7 +605,6 @@ def _engines(
         gpu=gpu.name,
         num_gpus=engine.tensor_parallel_size * engine.pipeline_parallel_size,
         gpu_hour_usd=scenario.gpu_hour_usd(),
-        pipeline_parallel_size=engine.pipeline_parallel_size,
     )
     return _Engines(make_engine, plan, max_model_len, frontend_overhead_s, hardware)
 

@@ -89,11 +89,14 @@ class SchedulerConfig:
     enable_chunked_prefill: bool = True
     policy: Policy = "fcfs"
     record_token_times: bool = False
+    # Pipeline stages: a replica keeps one step per stage in flight (continuous batching only).
+    pipeline_parallel_size: int = 1
 
 
 class Scheduler(Protocol):
     """What the replica's engine loop needs from a scheduler."""
 
+    config: SchedulerConfig
     kv: KVCacheManager
     itl_samples: array[float]
     num_preemptions: int
@@ -244,10 +247,9 @@ class ContinuousBatchScheduler(_SchedulerBase):
     def __init__(self, config: SchedulerConfig, kv: KVCacheManager) -> None:
         super().__init__(config, kv)
         self.running: list[Sequence] = []
-        # Pipeline parallelism: requests are dealt into this many groups as they are admitted
-        # (vLLM's virtual engines, one per stage) and each step serves one group in turn, so
-        # that a step per stage can be in flight.
-        self.pipeline_groups = 1
+        # Pipeline parallelism: requests are dealt into one group per stage as they are admitted
+        # (vLLM's virtual engines) and each step serves one group in turn, so that a step per
+        # stage can be in flight.
         self._next_group = 0
 
     @property
@@ -272,20 +274,24 @@ class ContinuousBatchScheduler(_SchedulerBase):
 
     def _pick_victim(self) -> Sequence | None:
         """The request to preempt (never one inside a running pipeline step); None if none."""
-        candidates = [s for s in self.running if not s.in_flight]
+        running = self.running
+        if self.config.policy == "fcfs":
+            # The latest admitted not in flight: almost always the last one.
+            for index in range(len(running) - 1, -1, -1):
+                if not running[index].in_flight:
+                    return running.pop(index)
+            return None
+        candidates = [s for s in running if not s.in_flight]
         if not candidates:
             return None
-        if self.config.policy == "fcfs":
-            victim = candidates[-1]
-        else:
-            victim = max(candidates, key=lambda s: (s.request.priority, s.record.arrival_s))
-        self.running.remove(victim)
+        victim = max(candidates, key=lambda s: (s.request.priority, s.record.arrival_s))
+        running.remove(victim)
         return victim
 
     def schedule(self, now: float) -> StepPlan | None:
         """Plan one step: running requests first, then admissions if nothing was preempted.
         Under pipeline parallelism the step serves the next group that has work."""
-        groups = self.pipeline_groups
+        groups = self.config.pipeline_parallel_size
         if groups == 1:
             return self._schedule(now, None)
         for attempt in range(groups):
