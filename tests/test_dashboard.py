@@ -200,3 +200,12 @@ def test_engine_and_arrival_knobs_reach_the_scenario() -> None:
     assert data["engine"]["pipeline_parallel_size"] == 2
     assert data["kv_cache_dtype"] == "fp8"
     assert app.success and "Valid" in app.success[0].value
+
+
+def test_values_outside_the_widgets_choices_are_kept_not_crashed() -> None:
+    data = small()
+    data["engine"]["tensor_parallel_size"] = 16  # valid, but not a select-box option
+    data["model"] = "llama-3.1-405b"
+    app = page("scenario", data)
+    assert not app.exception
+    assert app.session_state[SCENARIO]["engine"]["tensor_parallel_size"] == 16

@@ -40,6 +40,15 @@ def _number(label: str, low: float, high: float, value: Any, key: str) -> Any:
     return float(st.number_input(label, float(low), float(high), float(value), key=key))
 
 
+def _choice(label: str, options: list[Any], value: Any, key: str) -> Any:
+    """A select box for ``value``; a value not among ``options`` (a custom model, TP 16, …) is
+    shown as text and kept, to be edited in YAML."""
+    if value not in options:
+        st.caption(f"{label}: {value!r} (edit it in YAML)")
+        return value
+    return st.selectbox(label, options, options.index(value), key=key)
+
+
 def _lengths(label: str, spec: dict[str, Any], key: str) -> dict[str, Any]:
     """Mean and p90 of a lognormal length (other distributions are kept as they are)."""
     if spec.get("type") != "lognormal":
@@ -63,20 +72,10 @@ def main() -> None:
         ["Model & GPU", "Workload", "Engine", "Fleet & autoscaling", "SLOs & cost", "YAML & trace"]
     )
     with model_tab:
-        models = list(MODEL_CATALOG)
-        gpus = list(GPU_CATALOG)
-        if isinstance(data.get("model"), str) and data["model"] in models:
-            data["model"] = st.selectbox("Model", models, models.index(data["model"]), key="model")
-        else:
-            st.caption(f"Model: {data.get('model')} (edit in YAML)")
-        if isinstance(data.get("gpu"), str) and data["gpu"] in gpus:
-            data["gpu"] = st.selectbox("GPU", gpus, gpus.index(data["gpu"]), key="gpu")
-        else:
-            st.caption(f"GPU: {data.get('gpu')} (edit in YAML)")
+        data["model"] = _choice("Model", list(MODEL_CATALOG), data.get("model"), "model")
+        data["gpu"] = _choice("GPU", list(GPU_CATALOG), data.get("gpu"), "gpu")
         dtypes = ["bf16", "fp16", "fp8", "int8", "int4"]
-        data["dtype"] = st.selectbox(
-            "Weights", dtypes, dtypes.index(data.get("dtype", "bf16")), key="dtype"
-        )
+        data["dtype"] = _choice("Weights", dtypes, data.get("dtype", "bf16"), "dtype")
     with workload_tab:
         workload = data.setdefault("workload", {})
         arrival = workload.get("arrival", {})
@@ -106,11 +105,8 @@ def main() -> None:
         engine["max_num_seqs"] = _number(
             "max_num_seqs", 1, 4096, engine.get("max_num_seqs", 256), "seqs"
         )
-        engine["tensor_parallel_size"] = st.selectbox(
-            "Tensor parallel size",
-            [1, 2, 4, 8],
-            [1, 2, 4, 8].index(int(engine.get("tensor_parallel_size", 1))),
-            key="tp",
+        engine["tensor_parallel_size"] = _choice(
+            "Tensor parallel size", [1, 2, 4, 8, 16], engine.get("tensor_parallel_size", 1), "tp"
         )
         engine["pipeline_parallel_size"] = _number(
             "Pipeline parallel size", 1, 64, engine.get("pipeline_parallel_size", 1), "pp"
@@ -126,12 +122,9 @@ def main() -> None:
             engine["max_model_len"] = _number(
                 "max_model_len", 1, 10_000_000, engine["max_model_len"], "max_model_len"
             )
-        blocks = [1, 8, 16, 32, 64, 128]
-        block = engine.get("block_size", 16)
-        if block in blocks:
-            engine["block_size"] = st.selectbox(
-                "Block size", blocks, blocks.index(block), key="block"
-            )
+        engine["block_size"] = _choice(
+            "Block size", [1, 8, 16, 32, 64, 128], engine.get("block_size", 16), "block"
+        )
         engine["gpu_memory_utilization"] = _number(
             "gpu_memory_utilization", 0.05, 1.0, engine.get("gpu_memory_utilization", 0.9), "gmu"
         )
@@ -142,33 +135,22 @@ def main() -> None:
             "Chunked prefill", bool(engine.get("enable_chunked_prefill", True)), key="chunked"
         )
         batchings = ["continuous", "static", "dynamic"]
-        engine["batching"] = st.selectbox(
-            "Batching",
-            batchings,
-            batchings.index(engine.get("batching", "continuous")),
-            key="batching",
+        engine["batching"] = _choice(
+            "Batching", batchings, engine.get("batching", "continuous"), "batching"
         )
         methods = ["auto", "weight_only", "w8a8", "bitsandbytes"]
-        data["quantization"] = st.selectbox(
-            "Quantization method",
-            methods,
-            methods.index(data.get("quantization", "auto")),
-            key="quantization",
+        data["quantization"] = _choice(
+            "Quantization method", methods, data.get("quantization", "auto"), "quantization"
         )
         kv_types = ["auto", "bf16", "fp16", "fp8"]
-        data["kv_cache_dtype"] = st.selectbox(
-            "KV cache dtype",
-            kv_types,
-            kv_types.index(data.get("kv_cache_dtype", "auto")),
-            key="kv_dtype",
+        data["kv_cache_dtype"] = _choice(
+            "KV cache dtype", kv_types, data.get("kv_cache_dtype", "auto"), "kv_dtype"
         )
     with fleet_tab:
         fleet = data.setdefault("fleet", {})
         fleet["replicas"] = _number("Replicas", 1, 512, fleet.get("replicas", 1), "replicas")
         router = fleet.get("router", {})
-        policy = st.selectbox(
-            "Router", ROUTERS, ROUTERS.index(router.get("policy", "round_robin")), key="router"
-        )
+        policy = _choice("Router", ROUTERS, router.get("policy", "round_robin"), "router")
         fleet["router"] = {**router, "policy": policy}
         scaling = st.toggle("Autoscale (Kubernetes HPA)", "autoscaling" in fleet, key="hpa")
         if scaling:
