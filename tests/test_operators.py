@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from calibration.operator_tables import profiled_observations, profiled_profile
+from calibration.operator_tables import _LAYER_MODULES, profiled_observations, profiled_profile
 from calibration.operators import (
     DECODE_FILE,
     LAYERS_FILE,
@@ -30,23 +30,8 @@ from sim.scenario import parse_scenario
 
 torch = pytest.importorskip("torch")
 
-MODULES = {
-    "embedding",
-    "input_layernorm",
-    "q_proj",
-    "k_proj",
-    "v_proj",
-    "rope",
-    "attn",
-    "o_proj",
-    "post_layernorm",
-    "gate_proj",
-    "up_proj",
-    "act_fn",
-    "down_proj",
-    "final_layernorm",
-    "lm_head",
-}
+#: What the table reader sums: every per-layer module, plus the once-per-forward ones.
+MODULES = {*_LAYER_MODULES, "embedding", "final_layernorm", "lm_head"}
 GRID = ProfilerGrid((16, 64, 128), (1, 4), (64, 256), repetitions=2, warmup=1)
 TINY = get_model("servesim-tiny-llama")
 
