@@ -18,8 +18,7 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from sim.run import build
-from sim.scenario import ScenarioError, parse_scenario
+from sim.run import summary_or_error
 
 
 @dataclass(frozen=True)
@@ -84,13 +83,9 @@ def apply(data: dict[str, Any], candidate: Candidate) -> dict[str, Any]:
 def evaluate(data: dict[str, Any], candidate: Candidate) -> Evaluation:
     """Simulate the scenario's traffic on ``candidate`` (a top-level function: it runs in
     worker processes)."""
-    try:
-        scenario = parse_scenario(apply(data, candidate), candidate.label)
-        summary = build(scenario).run().summary
-    except ScenarioError as exc:
-        return _infeasible(candidate, "; ".join(exc.problems))
-    except ValueError as exc:
-        return _infeasible(candidate, str(exc))
+    summary, error = summary_or_error(apply(data, candidate), candidate.label)
+    if error:
+        return _infeasible(candidate, error)
     slo = summary["slo"]
     usd = summary["cost"]["usd_per_hour"]
     if usd is None:

@@ -65,8 +65,10 @@ from sim.scenario import (
     RouterSpec,
     ScalingRulesSpec,
     Scenario,
+    ScenarioError,
     SharedPrefixSpec,
     WorkloadSpec,
+    parse_scenario,
 )
 from sim.scheduler import (
     ContinuousBatchScheduler,
@@ -817,6 +819,17 @@ def autoscaler_config(scenario: Scenario, plan: MemoryPlan) -> AutoscalerConfig 
         scale_up=rules(spec.scale_up),
         scale_down=rules(spec.scale_down),
     )
+
+
+def summary_or_error(data: dict[str, Any], source: str = "scenario") -> tuple[dict[str, Any], str]:
+    """Validate and simulate a scenario dict: ``(summary, "")``, or ``({}, why it cannot run)``
+    (its validation problems, or the impossible setup ``build`` reports)."""
+    try:
+        return build(parse_scenario(data, source)).run().summary, ""
+    except ScenarioError as exc:
+        return {}, "; ".join(exc.problems)
+    except ValueError as exc:
+        return {}, str(exc)
 
 
 def run(scenario: Scenario) -> SimResult:

@@ -32,8 +32,7 @@ import pandas as pd
 import yaml
 from scipy import stats
 
-from sim.run import build
-from sim.scenario import ScenarioError, parse_scenario
+from sim.run import summary_or_error
 
 #: Summary numbers each row records: column name → path in the summary.
 METRICS: dict[str, tuple[str, ...]] = {
@@ -152,15 +151,9 @@ def run_one(base: dict[str, Any], run: Run) -> dict[str, Any]:
     run (a top-level function: it runs in worker processes)."""
     row: dict[str, Any] = dict(run.overrides)
     row["seed"] = run.seed
-    try:
-        summary = build(parse_scenario(scenario_for(base, run))).run().summary
-    except ScenarioError as exc:
-        row["error"] = "; ".join(exc.problems)
+    summary, row["error"] = summary_or_error(scenario_for(base, run))
+    if row["error"]:
         return row
-    except ValueError as exc:
-        row["error"] = str(exc)
-        return row
-    row["error"] = ""
     for column, keys in METRICS.items():
         value: Any = summary
         for key in keys:
