@@ -245,6 +245,7 @@ class Autoscaler:
 
 
 def _replica_metric(metric: MetricType, replica: FleetReplica) -> float:
+    replica.sync()
     match metric:
         case "waiting_per_replica":
             return float(replica.scheduler.num_waiting)

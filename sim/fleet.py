@@ -10,6 +10,7 @@ what an autoscaler does.
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -60,9 +61,11 @@ class FleetReplica(Replica):
 
     @property
     def kv_usage(self) -> float:
+        self.sync()
         return self.kv.usage
 
     def cached_prefix_blocks(self, keys: Sequence[int]) -> int:
+        self.sync()
         return self.kv.cached_prefix_blocks(keys)
 
 
@@ -105,6 +108,9 @@ class Fleet:
         self._rows: list[tuple[float, ...]] = []
         self._last = (0.0, _Totals())
         self._pending: list[tuple[Request, Record, dict[str, Any]]] = []
+        # The first stream of more than one request's sequence (None: treat all as shared).
+        # A request starting with any other stream shares no block with another request.
+        self.shared_sources: frozenset[int] | None = None
         for _ in range(num_replicas):
             self.add_replica(startup_s=0.0)
 
@@ -165,18 +171,28 @@ class Fleet:
         if not candidates:
             self._pending.append((request, record, options))
             return
-        keys = self._keys(request, candidates[0])
+        exclusive = self.shared_sources is not None and (
+            not request.segments or request.segments[0][0] not in self.shared_sources
+        )
+        keys = self._keys(request, candidates[0], exclusive)
         prompt_blocks = request.prompt_tokens // candidates[0].kv.block_size
         chosen = self.router.choose(candidates, keys, request.session_id, prompt_blocks)
         assert isinstance(chosen, FleetReplica)
         chosen.num_submitted += 1
-        chosen.submit(request, record, keys=keys, **options)
+        chosen.submit(request, record, keys=keys, exclusive=exclusive, **options)
 
-    def _keys(self, request: Request, replica: FleetReplica) -> list[int]:
-        kv = replica.kv
-        if not kv.enable_prefix_caching and self.router.policy != "prefix_affinity":
+    def _keys(self, request: Request, replica: FleetReplica, exclusive: bool) -> list[int]:
+        # Prefix affinity places even an exclusive request by its first key.
+        if self.router.policy != "prefix_affinity" and (
+            exclusive or not replica.kv.enable_prefix_caching
+        ):
             return []
-        return block_keys(sequence_segments(request), kv.block_size, request.total_tokens)
+        return block_keys(sequence_segments(request), replica.kv.block_size, request.total_tokens)
+
+    def set_shared_sources(self, requests: Sequence[Request]) -> None:
+        """Mark which requests can share blocks: those whose first stream starts another one."""
+        counts = Counter(r.segments[0][0] for r in requests if r.segments)
+        self.shared_sources = frozenset(source for source, n in counts.items() if n > 1)
 
     def replica(self, replica_id: int) -> FleetReplica:
         return self.replicas[replica_id - self.id_offset]
@@ -192,6 +208,7 @@ class Fleet:
     def totals(self) -> _Totals:
         totals = _Totals()
         for replica in self.replicas:
+            replica.sync()
             totals.busy_s += replica.busy_s
             totals.prompt_tokens += replica.prompt_tokens_computed
             totals.output_tokens += replica.output_tokens_generated

@@ -16,70 +16,57 @@ compute the same block concurrently only the first copy is registered under the 
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Sequence
-
-_NIL = -1
 
 
 class FreeBlockQueue:
-    """LRU queue of free block ids: O(1) append, pop from the head, removal from the middle."""
+    """LRU queue of free block ids: O(1) append, pop from the head, removal from the middle.
+
+    An insertion-ordered dict is the doubly linked list (its C implementation is several times
+    faster than one kept in Python lists, and allocation is most of what a long run does).
+    """
 
     def __init__(self, num_blocks: int) -> None:
-        self._prev = [i - 1 for i in range(num_blocks)]
-        self._next = [i + 1 for i in range(num_blocks)]
-        self._in_queue = [True] * num_blocks
-        if num_blocks:
-            self._next[-1] = _NIL
-        self._head = 0 if num_blocks else _NIL
-        self._tail = num_blocks - 1 if num_blocks else _NIL
-        self.num_free = num_blocks
+        self._queue: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
+
+    @property
+    def num_free(self) -> int:
+        """Blocks in the queue."""
+        return len(self._queue)
 
     def __contains__(self, block_id: int) -> bool:
-        return self._in_queue[block_id]
+        return block_id in self._queue
 
     def popleft(self) -> int:
         """Remove and return the least recently freed block."""
-        block_id = self._head
-        assert block_id != _NIL, "no free blocks"
-        self.remove(block_id)
-        return block_id
+        assert self._queue, "no free blocks"
+        return self._queue.popitem(last=False)[0]
+
+    def popleft_many(self, count: int) -> list[int]:
+        """Remove and return the ``count`` least recently freed blocks, oldest first."""
+        assert count <= len(self._queue), "not enough free blocks"
+        popitem = self._queue.popitem
+        return [popitem(False)[0] for _ in range(count)]
+
+    def extend(self, block_ids: Sequence[int]) -> None:
+        """Append blocks at the tail in the given order."""
+        queue = self._queue
+        for block_id in block_ids:
+            queue[block_id] = None
 
     def remove(self, block_id: int) -> None:
         """Take a block out of the queue wherever it is (a cache hit on a free block)."""
-        assert self._in_queue[block_id]
-        prev, nxt = self._prev[block_id], self._next[block_id]
-        if prev == _NIL:
-            self._head = nxt
-        else:
-            self._next[prev] = nxt
-        if nxt == _NIL:
-            self._tail = prev
-        else:
-            self._prev[nxt] = prev
-        self._in_queue[block_id] = False
-        self.num_free -= 1
+        del self._queue[block_id]
 
     def append(self, block_id: int) -> None:
         """Put a block at the tail (most recently freed: evicted last)."""
-        assert not self._in_queue[block_id]
-        self._prev[block_id] = self._tail
-        self._next[block_id] = _NIL
-        if self._tail == _NIL:
-            self._head = block_id
-        else:
-            self._next[self._tail] = block_id
-        self._tail = block_id
-        self._in_queue[block_id] = True
-        self.num_free += 1
+        assert block_id not in self._queue
+        self._queue[block_id] = None
 
     def ids(self) -> list[int]:
         """Block ids from head (next to be evicted) to tail; for tests and debugging."""
-        out = []
-        block_id = self._head
-        while block_id != _NIL:
-            out.append(block_id)
-            block_id = self._next[block_id]
-        return out
+        return list(self._queue)
 
 
 class KVCacheManager:
@@ -194,15 +181,12 @@ class KVCacheManager:
             # Fast path (most decode steps): the tokens fit in the blocks already held and no
             # block fills up, so there is nothing to allocate or to register in the cache.
             held_now = self._request_blocks.get(request_id)
-            if (
-                held_now is not None
-                and total <= len(held_now) * self.block_size
-                and (
-                    not self.enable_prefix_caching
-                    or total // self.block_size <= self._request_num_cached[request_id]
-                )
-            ):
-                return True
+            if held_now is not None and total <= len(held_now) * self.block_size:
+                if not self.enable_prefix_caching:
+                    return True
+                num_cached = self._request_num_cached[request_id]
+                if total // self.block_size <= num_cached or len(keys) <= num_cached:
+                    return True
         held = self._request_blocks.setdefault(request_id, [])
         num_required = self.blocks_needed(total)
         num_new_blocks = num_required - len(held) - len(new_computed_blocks)
@@ -219,8 +203,8 @@ class KVCacheManager:
         held.extend(new_computed_blocks)
         if request_id not in self._request_num_cached:
             self._request_num_cached[request_id] = len(new_computed_blocks)
-        for _ in range(max(num_new_blocks, 0)):
-            held.append(self._pop_free_block())
+        if num_new_blocks > 0:
+            held.extend(self._pop_free_blocks(num_new_blocks))
         if self.enable_prefix_caching:
             self._cache_full_blocks(request_id, keys, num_computed_tokens + num_new_tokens)
         return True
@@ -229,36 +213,52 @@ class KVCacheManager:
         """Release a request's blocks; those no longer referenced join the free queue tail-first."""
         held = self._request_blocks.pop(request_id, [])
         self._request_num_cached.pop(request_id, None)
+        ref_count = self._ref_count
+        released = []
         for block_id in reversed(held):
-            self._ref_count[block_id] -= 1
-            assert self._ref_count[block_id] >= 0
-            if self._ref_count[block_id] == 0:
-                self.free_queue.append(block_id)
+            count = ref_count[block_id] - 1
+            ref_count[block_id] = count
+            if count == 0:
+                released.append(block_id)
+        self.free_queue.extend(released)
+
+    def register_full_blocks(self, request_id: int, keys: Sequence[int], num_tokens: int) -> None:
+        """Register the full blocks among a request's first ``num_tokens`` tokens under
+        ``keys``, as allocation does (for a request whose keys were left out until now)."""
+        if self.enable_prefix_caching and request_id in self._request_blocks:
+            self._cache_full_blocks(request_id, keys, num_tokens)
 
     # -- internals -------------------------------------------------------------------------
-    def _pop_free_block(self) -> int:
-        block_id = self.free_queue.popleft()
-        key = self._block_key[block_id]
-        if key is not None:
-            # Evict: the block is about to hold other tokens.
-            if self._key_to_block.get(key) == block_id:
-                del self._key_to_block[key]
-            self._block_key[block_id] = None
-        assert self._ref_count[block_id] == 0
-        self._ref_count[block_id] = 1
-        return block_id
+    def _pop_free_blocks(self, count: int) -> list[int]:
+        """Take ``count`` blocks off the free queue's head, evicting what they cached."""
+        block_ids = self.free_queue.popleft_many(count)
+        block_key = self._block_key
+        key_to_block = self._key_to_block
+        ref_count = self._ref_count
+        for block_id in block_ids:
+            key = block_key[block_id]
+            if key is not None:
+                # Evict: the block is about to hold other tokens.
+                if key_to_block.get(key) == block_id:
+                    del key_to_block[key]
+                block_key[block_id] = None
+            ref_count[block_id] = 1
+        return block_ids
 
     def _cache_full_blocks(self, request_id: int, keys: Sequence[int], num_tokens: int) -> None:
         held = self._request_blocks[request_id]
         num_full = min(num_tokens // self.block_size, len(keys), len(held))
         start = self._request_num_cached[request_id]
+        block_key = self._block_key
+        key_to_block = self._key_to_block
         for i in range(start, num_full):
             block_id = held[i]
             key = keys[i]
-            if self._block_key[block_id] is None and key not in self._key_to_block:
-                self._block_key[block_id] = key
-                self._key_to_block[key] = block_id
-        self._request_num_cached[request_id] = max(start, num_full)
+            if block_key[block_id] is None and key not in key_to_block:
+                block_key[block_id] = key
+                key_to_block[key] = block_id
+        if num_full > start:
+            self._request_num_cached[request_id] = num_full
 
     def check_invariants(self) -> None:
         """Assert that blocks are conserved and the index agrees with the blocks (for tests)."""

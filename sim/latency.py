@@ -69,6 +69,29 @@ class IterationTimeModel(Protocol):
         ...
 
 
+def decode_step_times(model: IterationTimeModel, num_seqs: int, contexts: np.ndarray) -> np.ndarray:
+    """Step times of pure-decode steps of ``num_seqs`` requests attending to ``contexts[i]``
+    tokens in all: exactly ``model.step_time`` of each, vectorised where the model can."""
+    vectorised = getattr(model, "decode_step_times", None)
+    if vectorised is not None:
+        result: np.ndarray = vectorised(num_seqs, contexts)
+        return result
+    return np.fromiter(
+        (
+            model.step_time(
+                BatchShape(
+                    num_decode_seqs=num_seqs,
+                    decode_context_tokens=int(context),
+                    num_sampled=num_seqs,
+                )
+            )
+            for context in contexts
+        ),
+        dtype=np.float64,
+        count=len(contexts),
+    )
+
+
 @dataclass(frozen=True, slots=True)
 class ConstantStepModel:
     """Every step takes ``step_s`` seconds whatever it computes (M/D/1 checks)."""
@@ -82,6 +105,9 @@ class ConstantStepModel:
 
 class ExponentialStepModel:
     """Each step's time is an independent exponential draw with mean ``mean_s`` (M/M/1 checks)."""
+
+    # Fast-forward would draw a run's step times ahead of other draws: it is off for this model.
+    deterministic = False
 
     def __init__(self, mean_s: float, rng: np.random.Generator) -> None:
         self.mean_s = mean_s
@@ -147,6 +173,14 @@ class CalibratedModel:
             + c.per_context_token_s * (batch.decode_context_tokens + batch.prefill_context_tokens)
             + c.per_prefill_pair_s * batch.prefill_attention_pairs
         )
+
+    def decode_step_times(self, num_seqs: int, contexts: np.ndarray) -> np.ndarray:
+        """:meth:`step_time` of pure-decode steps, term by term in the same order (so the
+        same floats)."""
+        c = self.coefficients
+        fixed = c.step_overhead_s + c.per_prefill_token_s * 0 + c.per_decode_seq_s * num_seqs
+        result: np.ndarray = fixed + c.per_context_token_s * contexts + c.per_prefill_pair_s * 0
+        return result
 
 
 @dataclass(frozen=True, slots=True)
@@ -327,6 +361,22 @@ class RooflineModel:
             + self.pipeline_send_time(tokens)
             + self.params.step_overhead_s
         )
+
+    def decode_step_times(self, num_seqs: int, contexts: np.ndarray) -> np.ndarray:
+        """:meth:`step_time` of pure-decode steps, vectorised over their total contexts with
+        the same operations in the same order (so the same floats)."""
+        attention = np.maximum(
+            contexts * self._attn_flops_per_pair / self._attn_flops_per_s,
+            contexts * (self._kv_bytes_per_token + self._score_bytes_per_pair) / self._bytes_per_s,
+        )
+        result: np.ndarray = (
+            self.linear_time(num_seqs) + self.lm_head_time(num_seqs)
+            + attention
+            + self.communication_time(num_seqs)
+            + self.pipeline_send_time(num_seqs)
+            + self.params.step_overhead_s
+        )  # fmt: skip
+        return result
 
     def pipeline_send_time(self, num_tokens: int) -> float:
         """Activations sent from each pipeline stage to the next (none without PP)."""

@@ -80,17 +80,57 @@ def token_times_frame(records: Iterable[Record]) -> pd.DataFrame | None:
     return pd.DataFrame(rows, columns=["request_id", "token_index", "time_s"])
 
 
-def distribution(values: Sequence[float] | np.ndarray) -> dict[str, float | None]:
-    """``mean``, ``p50`` … ``p99`` of the finite values; None when there are none."""
+def distribution(
+    values: Sequence[float] | np.ndarray, counts: Sequence[int] | np.ndarray | None = None
+) -> dict[str, float | None]:
+    """``mean``, ``p50`` … ``p99`` of the finite values; None when there are none.
+
+    With ``counts``, value ``i`` occurs ``counts[i]`` times (run-length encoded samples, such as
+    the simulator's inter-token latencies); the percentiles are those of the expanded samples.
+    """
     array = np.asarray(values, dtype=np.float64)
-    array = array[np.isfinite(array)]
+    finite = np.isfinite(array)
+    array = array[finite]
+    if counts is not None:
+        weights = np.asarray(counts, dtype=np.int64)[finite]
+        array, weights = array[weights > 0], weights[weights > 0]
     if array.size == 0:
         return {"mean": None, **{f"p{p}": None for p in PERCENTILES}}
-    quantiles = np.percentile(array, PERCENTILES)
+    if counts is None:
+        quantiles = np.percentile(array, PERCENTILES)
+        mean = float(array.mean())
+    else:
+        quantiles = weighted_percentiles(array, weights, PERCENTILES)
+        mean = float(np.dot(array, weights) / weights.sum())
     return {
-        "mean": float(array.mean()),
+        "mean": mean,
         **{f"p{p}": float(q) for p, q in zip(PERCENTILES, quantiles, strict=True)},
     }
+
+
+def weighted_percentiles(
+    values: np.ndarray, counts: np.ndarray, percentiles: Sequence[float]
+) -> np.ndarray:
+    """``np.percentile`` (linear method) of ``values`` repeated ``counts`` times, without
+    expanding them: the two order statistics around each percentile are found by a search in
+    the cumulative counts and interpolated as numpy does."""
+    order = np.argsort(values, kind="stable")
+    sorted_values = values[order]
+    ends = np.cumsum(counts[order])  # the expanded index after each value's last copy
+    total = int(ends[-1])
+    position = np.asarray(percentiles, dtype=np.float64) / 100.0 * (total - 1)
+    below = np.floor(position)
+    fraction = position - below
+    below_index = below.astype(np.int64)
+    above_index = np.minimum(below_index + 1, total - 1)
+    low = sorted_values[np.searchsorted(ends, below_index, side="right")]
+    high = sorted_values[np.searchsorted(ends, above_index, side="right")]
+    difference = high - low
+    # numpy's lerp: from the lower neighbour below one half, from the upper one from there on.
+    result: np.ndarray = np.where(
+        fraction >= 0.5, high - difference * (1 - fraction), low + difference * fraction
+    )
+    return result
 
 
 def slo_met(frame: pd.DataFrame, slo: SLO) -> np.ndarray:
@@ -107,6 +147,7 @@ def summarize(
     frame: pd.DataFrame,
     *,
     itl_s: np.ndarray,
+    itl_counts: np.ndarray | None = None,
     slo: SLO,
     prefix_cache: PrefixCacheCounts,
     num_preemptions: int,
@@ -139,7 +180,7 @@ def summarize(
     return {
         "ttft_s": distribution(ok["ttft_s"].to_numpy()),
         "tpot_s": distribution(ok["tpot_s"].to_numpy()),
-        "itl_s": distribution(itl_s),
+        "itl_s": distribution(itl_s, itl_counts),
         "e2e_s": distribution(ok["e2e_s"].to_numpy()),
         "queue_s": distribution(ok["queue_s"].to_numpy()),
         "throughput": {

@@ -85,6 +85,13 @@ def block_keys(
     seg_index = 0
     seg_offset = 0  # tokens already consumed from segments[seg_index]
     for _ in range(num_blocks):
+        source_id, length = segments[seg_index]
+        if length - seg_offset > block_size:
+            # The block lies inside one segment (most do): one piece, the segment goes on.
+            parent = hash((parent, (source_id, seg_offset, block_size)))
+            keys.append(parent)
+            seg_offset += block_size
+            continue
         need = block_size
         pieces: list[tuple[int, int, int]] = []
         while need > 0:

@@ -265,6 +265,7 @@ def make_scheduler(scenario: Scenario, kv: KVCacheManager) -> Scheduler:
         policy=engine.scheduling_policy,
         record_token_times=scenario.output.record_token_times,
         pipeline_parallel_size=engine.pipeline_parallel_size,
+        fast_forward=scenario.simulator.fast_forward,
     )
     match engine.batching:
         case "continuous":
@@ -432,6 +433,13 @@ class Simulation:
                 hardware=self.hardware,
             )
         self.fleet = fleet
+        if self.scheduler.config.fast_forward:
+            # Requests no other request can share blocks with skip the prefix-cache index.
+            pools = (
+                (fleet.prefill, fleet.decode) if isinstance(fleet, DisaggregatedFleet) else (fleet,)
+            )
+            for pool in pools:
+                pool.set_shared_sources(self.requests)
         scaler = None
         if self.autoscaler_config is not None:
             assert isinstance(fleet, Fleet)
@@ -466,11 +474,15 @@ class Simulation:
         replicas = fleet.replicas
         totals = fleet.totals()
         itl = np.concatenate(
-            [np.frombuffer(r.scheduler.itl_samples, dtype=np.float64) for r in replicas]
+            [np.frombuffer(r.scheduler.itl_values, dtype=np.float64) for r in replicas]
+        )
+        itl_counts = np.concatenate(
+            [np.frombuffer(r.scheduler.itl_counts, dtype=np.int64) for r in replicas]
         )
         summary = summarize(
             frame,
             itl_s=itl,
+            itl_counts=itl_counts,
             slo=self.slo,
             prefix_cache=PrefixCacheCounts(
                 queries_tokens=totals.queries_tokens,
@@ -485,6 +497,7 @@ class Simulation:
             simulated_s=float(env.now),
             num_events=sum(r.num_steps for r in replicas) + total + len(fleet.rows),
         )
+        summary["sim"]["fast_forwarded_steps"] = sum(r.num_fast_forwarded_steps for r in replicas)
         summary["cost"] = cost_summary(
             replicas, float(env.now), int(frame.loc[frame["status"] == "ok", "output_tokens"].sum())
         )

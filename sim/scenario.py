@@ -521,6 +521,13 @@ class OutputSpec(Spec):
     prometheus: bool = False
 
 
+class SimulatorSpec(Spec):
+    """How the simulator computes, not what it simulates: results do not depend on it."""
+
+    # Advance runs of decode steps as one event (sim/replica.py); false: one event per step.
+    fast_forward: bool = True
+
+
 Dtype = Literal["bf16", "fp16", "fp8", "int8", "int4"]
 
 
@@ -542,6 +549,7 @@ class Scenario(Spec):
     slo: SLOSpec = SLOSpec()
     cost: CostSpec = CostSpec()
     output: OutputSpec = OutputSpec()
+    simulator: SimulatorSpec = SimulatorSpec()
 
     @model_validator(mode="before")
     @classmethod

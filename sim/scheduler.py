@@ -26,12 +26,13 @@ import math
 from array import array
 from collections import deque
 from collections.abc import Callable
+from collections.abc import Sequence as Sequence_
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
 from sim.kv_cache import KVCacheManager
 from sim.latency import BatchShape, prefill_chunk_pairs
-from sim.request import Record, Request, RequestStatus
+from sim.request import Record, Request, RequestStatus, block_keys, sequence_segments
 
 Policy = Literal["fcfs", "priority"]
 
@@ -53,6 +54,10 @@ class Sequence:
     # transfer takes that long, and it decodes from ``kv_ready_s`` on; ``on_kv_admitted`` is
     # told when the transfer starts and ends.
     hold_kv: bool = False
+    # No other request's sequence starts like this one, so no other request can hit its
+    # blocks: its keys are left empty (nothing registered in the prefix cache) unless it is
+    # preempted, when they are computed and its blocks registered for its own re-admission.
+    exclusive: bool = False
     in_flight: bool = False  # in a step not yet completed (pipeline parallelism overlaps steps)
     group: int = 0  # pipeline parallelism: the micro-batch group (virtual engine) it runs in
     remote_transfer_s: float = 0.0
@@ -91,6 +96,8 @@ class SchedulerConfig:
     record_token_times: bool = False
     # Pipeline stages: a replica keeps one step per stage in flight (continuous batching only).
     pipeline_parallel_size: int = 1
+    # Advance predictable runs of decode steps as one event (sim/replica.py); same records.
+    fast_forward: bool = True
 
 
 class Scheduler(Protocol):
@@ -98,7 +105,8 @@ class Scheduler(Protocol):
 
     config: SchedulerConfig
     kv: KVCacheManager
-    itl_samples: array[float]
+    itl_values: array[float]
+    itl_counts: array[int]
     num_preemptions: int
 
     def add(self, seq: Sequence) -> None:
@@ -178,7 +186,11 @@ class _SchedulerBase:
         self.config = config
         self.kv = kv
         self.waiting = _WaitingQueue(config.policy)
-        self.itl_samples: array[float] = array("d")
+        # Inter-token latencies, run-length encoded: ``itl_counts[i]`` tokens waited
+        # ``itl_values[i]``. A decode step gives every request in it the same latency, so this
+        # keeps a long run's memory proportional to its steps, not to its tokens.
+        self.itl_values: array[float] = array("d")
+        self.itl_counts: array[int] = array("q")
         self.num_preemptions = 0
 
     @property
@@ -190,6 +202,16 @@ class _SchedulerBase:
         """Queue a newly arrived request at the back (or by priority)."""
         self.waiting.push(seq)
 
+    def add_itl(self, value_s: float, count: int) -> None:
+        """Record ``count`` inter-token latencies of ``value_s`` (merged into the last run if
+        equal to it)."""
+        values = self.itl_values
+        if values and values[-1] == value_s:
+            self.itl_counts[-1] += count
+        else:
+            values.append(value_s)
+            self.itl_counts.append(count)
+
     def _advance(self, seq: Sequence, num_new_tokens: int, now: float) -> bool:
         """Count a step's tokens for ``seq``; emit a token if it caught up. True if it finished."""
         seq.num_computed_tokens += num_new_tokens
@@ -200,16 +222,21 @@ class _SchedulerBase:
         if seq.num_generated == 1:
             record.first_token_s = now
         else:
-            self.itl_samples.append(now - seq.last_token_s)
+            self.add_itl(now - seq.last_token_s, 1)
         seq.last_token_s = now
         if self.config.record_token_times:
             record.token_times_s.append(now)
         if seq.num_generated < seq.request.output_tokens:
             return False
+        self._finish(seq, now)
+        return True
+
+    @staticmethod
+    def _finish(seq: Sequence, now: float) -> None:
         seq.finished = True
+        record = seq.record
         record.finish_s = now
         record.status = RequestStatus.OK
-        return True
 
 
 def _shape(
@@ -262,8 +289,21 @@ class ContinuousBatchScheduler(_SchedulerBase):
         pending = [s.kv_ready_s for s in self.running if s.kv_ready_s > now]
         return min(pending) if pending else None
 
-    def _preempt(self, victim: Sequence) -> None:
-        self.kv.free(victim.request_id)
+    def _preempt(self, victim: Sequence, num_scheduled: int = 0) -> None:
+        """Free ``victim``'s blocks and requeue it first; ``num_scheduled`` tokens of it were
+        already scheduled (and their full blocks registered) in the step being planned."""
+        kv = self.kv
+        if victim.exclusive and kv.enable_prefix_caching:
+            # Register now what the eager path would have registered as the blocks filled.
+            request = victim.request
+            victim.keys = block_keys(
+                sequence_segments(request), kv.block_size, request.total_tokens
+            )
+            kv.register_full_blocks(
+                victim.request_id, victim.keys, victim.num_computed_tokens + num_scheduled
+            )
+            victim.exclusive = False
+        kv.free(victim.request_id)
         victim.num_computed_tokens = 0
         # A preempted decode of remote KV recomputes it here, like any preempted request.
         victim.remote_transfer_s = 0.0
@@ -338,14 +378,16 @@ class ContinuousBatchScheduler(_SchedulerBase):
                 if victim is None:  # everyone else is in a running pipeline step: wait
                     seq_preempted = True
                     break
+                num_scheduled = 0
                 if track_ids and victim.request_id in scheduled_ids:
                     # Priority policy: the victim was already scheduled, earlier in the list.
                     position = scheduled_ids.pop(victim.request_id)
-                    budget += scheduled[position][1]
+                    num_scheduled = scheduled[position][1]
+                    budget += num_scheduled
                     scheduled[position] = (victim, 0)
                     emptied = True
                     index -= 1
-                self._preempt(victim)
+                self._preempt(victim, num_scheduled)
                 preempted.append(victim)
                 if victim is seq:
                     seq_preempted = True
@@ -416,6 +458,33 @@ class ContinuousBatchScheduler(_SchedulerBase):
         finished = []
         for seq, num_new in plan.scheduled:
             if self._advance(seq, num_new, now):
+                if not seq.hold_kv:
+                    self.kv.free(seq.request_id)
+                finished.append(seq)
+        if finished:
+            self.running = [s for s in self.running if not s.finished]
+        return finished
+
+    def complete_run(
+        self, seqs: list[Sequence], times: Sequence_[float], num_steps: int
+    ) -> list[Sequence]:
+        """Apply ``num_steps`` consecutive decode steps of ``seqs`` (every running request),
+        step ``j`` ending at ``times[j]``, none of them finished before the last: what
+        :meth:`complete` would have done step by step (sim/replica.py's fast-forward). Frees
+        and returns the ones that finished in the last step."""
+        add_itl = self.add_itl
+        last_s = times[num_steps]
+        for seq in seqs:
+            add_itl(times[1] - seq.last_token_s, 1)
+        for step in range(2, num_steps + 1):
+            add_itl(times[step] - times[step - 1], len(seqs))
+        finished = []
+        for seq in seqs:
+            seq.num_computed_tokens += num_steps
+            seq.num_generated += num_steps
+            seq.last_token_s = last_s
+            if seq.num_generated >= seq.request.output_tokens:
+                self._finish(seq, last_s)
                 if not seq.hold_kv:
                     self.kv.free(seq.request_id)
                 finished.append(seq)

@@ -61,7 +61,7 @@ def test_tokens_are_emitted_when_a_request_catches_up_and_it_finishes_on_its_las
     record = seq.record
     assert (record.scheduled_s, record.first_token_s, record.finish_s) == (1.0, 2.0, 4.0)
     assert record.status == RequestStatus.OK
-    assert list(scheduler.itl_samples) == [1.0, 1.0]
+    assert (list(scheduler.itl_values), list(scheduler.itl_counts)) == ([1.0], [2])
     assert scheduler.kv.num_free_blocks == scheduler.kv.num_blocks
 
 
