@@ -10,6 +10,7 @@ import streamlit as st
 from dashboards.core import content_key, default_data, parse_data, simulate
 from sim.run import SimResult
 from sim.scenario import Scenario
+from sim.sweep import replications
 
 SCENARIO = "scenario_data"
 SAVED = "saved_scenarios"
@@ -36,6 +37,18 @@ def _run(key: str, scenario_json: str) -> SimResult:
 def run(scenario: Scenario) -> SimResult:
     """The scenario's results, simulated once per content."""
     return _run(content_key(scenario), scenario.model_dump_json())
+
+
+@st.cache_data(show_spinner=False, max_entries=16)
+def _replicate(key: str, scenario_json: str, num_seeds: int) -> dict[str, Any]:
+    """Mean ± 95 % interval over ``num_seeds`` seeds (``key`` is the scenario's content hash)."""
+    data = Scenario.model_validate_json(scenario_json).model_dump(mode="json")
+    return replications(data, num_seeds)
+
+
+def replicate(scenario: Scenario, num_seeds: int) -> dict[str, Any]:
+    """The scenario's metrics over ``num_seeds`` seeds from its own, computed once per content."""
+    return _replicate(content_key(scenario), scenario.model_dump_json(), num_seeds)
 
 
 def saved_scenarios() -> dict[str, dict[str, Any]]:

@@ -140,10 +140,19 @@ def run(
         str, typer.Option("--format", help="file format of records and time series: parquet|csv")
     ] = "parquet",
     seed: Annotated[int | None, typer.Option(help="override the scenario's seed")] = None,
+    num_replications: Annotated[
+        int,
+        typer.Option(
+            "--replications",
+            help="also run this many seeds (from the scenario's) and report mean ± 95 % CI",
+        ),
+    ] = 1,
 ) -> None:
     """Simulate a scenario and print TTFT/TPOT/E2E percentiles, throughput, goodput, hit rate."""
     if fmt not in ("parquet", "csv"):
         fail(f"--format: must be parquet or csv, got {fmt!r}")
+    if num_replications < 1:
+        fail(f"--replications: must be >= 1, got {num_replications}")
     scenario = load_or_exit(scenario_path)
     if seed is not None:
         scenario = scenario.model_copy(update={"seed": seed})
@@ -174,10 +183,40 @@ def run(
             written.append(write_backfill(Path(out) / "metrics.om", text))
         for path in written:
             stderr.print(f"wrote {path}", highlight=False)
+    if num_replications > 1:
+        from sim.sweep import replications
+
+        try:
+            result.summary["replications"] = replications(
+                scenario.model_dump(mode="json"), num_replications
+            )
+        except ValueError as exc:
+            fail(str(exc))
     if as_json:
         sys.stdout.write(json.dumps(result.summary, indent=2) + "\n")
     else:
         _print_summary(scenario, result.summary)
+        if num_replications > 1:
+            _print_replications(result.summary["replications"])
+
+
+def _print_replications(replicated: dict[str, Any]) -> None:
+    seeds = replicated["seeds"]
+    table = Table(
+        title=f"over seeds {seeds[0]}–{seeds[-1]}: mean ± {replicated['level']:.0%} interval",
+        title_justify="left",
+    )
+    table.add_column("metric")
+    table.add_column("mean", justify="right")
+    table.add_column("±", justify="right")
+    for metric, values in replicated["metrics"].items():
+        mean, half = values["mean"], values["half_width"]
+        table.add_row(
+            metric,
+            "—" if mean is None else f"{mean:.4g}",
+            "—" if half is None else f"{half:.2g}",
+        )
+    stdout.print(table)
 
 
 @app.command()

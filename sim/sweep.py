@@ -253,6 +253,36 @@ def confidence_intervals(table: pd.DataFrame, level: float = 0.95) -> pd.DataFra
     return pd.DataFrame(rows)
 
 
+def replications(
+    base: dict[str, Any], num_seeds: int, *, workers: int = 2, level: float = 0.95
+) -> dict[str, Any]:
+    """The scenario ``base`` run with ``num_seeds`` consecutive seeds from its own: per metric
+    of :data:`METRICS`, the mean over the seeds and the half-width of its Student-t ``level``
+    interval. Raises ValueError if a replication cannot run."""
+    if num_seeds < 2:
+        raise ValueError(f"replications: need at least 2 seeds for an interval, got {num_seeds}")
+    first = int(base.get("seed", 0))
+    sweep = Sweep(base, tuple(Run((), first + i) for i in range(num_seeds)), ())
+    table = run_sweep(sweep, workers=workers)
+    failed = table[table["error"] != ""]
+    if not failed.empty:
+        raise ValueError(f"seed {failed['seed'].iloc[0]}: {failed['error'].iloc[0]}")
+    row = confidence_intervals(table, level).iloc[0]
+    return {
+        "seeds": [first + i for i in range(num_seeds)],
+        "level": level,
+        "metrics": {
+            metric: {"mean": _finite(row[metric]), "half_width": _finite(row[f"{metric}_ci"])}
+            for metric in METRICS
+        },
+    }
+
+
+def _finite(value: Any) -> float | None:
+    number = float(value)
+    return number if math.isfinite(number) else None
+
+
 def write_table(table: pd.DataFrame, path: str | Path) -> Path:
     """Parquet (or CSV for a .csv path); override values of mixed types are kept as text."""
     path = Path(path)

@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import yaml
 from typer.testing import CliRunner
 
@@ -93,3 +94,25 @@ def test_catalog_lists_gpus_and_models() -> None:
     result = runner.invoke(app, ["catalog"])
     assert result.exit_code == 0
     assert "h100-sxm" in result.output and "qwen2.5-72b" in result.output
+
+
+def test_run_with_replications_reports_intervals_over_seeds(tmp_path: Path) -> None:
+    path = tmp_path / "s.yaml"
+    data = scenario_dict()
+    data["workload"]["num_requests"] = 60
+    data["workload"]["arrival"]["rate"] = 40  # queueing, so the seeds' TTFTs differ
+    path.write_text(yaml.safe_dump(data))
+    result = runner.invoke(app, ["run", str(path), "--json", "--replications", "3"])
+    assert result.exit_code == 0, result.output
+    replicated = json.loads(result.output)["replications"]
+    assert replicated["seeds"] == [data.get("seed", 0) + i for i in range(3)]
+    # The mean is the mean of the three seeds' own runs.
+    ttft = []
+    for seed in replicated["seeds"]:
+        single = runner.invoke(app, ["run", str(path), "--json", "--seed", str(seed)])
+        ttft.append(json.loads(single.output)["ttft_s"]["p90"])
+    metric = replicated["metrics"]["ttft_p90_s"]
+    assert metric["mean"] == pytest.approx(sum(ttft) / 3)
+    assert metric["half_width"] > 0
+    bad = runner.invoke(app, ["run", str(path), "--replications", "0"])
+    assert bad.exit_code == 2 and "--replications" in bad.output

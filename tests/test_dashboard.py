@@ -72,6 +72,19 @@ def test_results_page_shows_the_headline_cards() -> None:
     )
 
 
+def test_results_page_shows_intervals_across_seeds() -> None:
+    app = page("results", small(num_requests=100))
+    app.number_input(key="replication_seeds").set_value(3)
+    app.button(key="replication_run").click().run(timeout=120)
+    assert not app.exception
+    tables = [frame.value for frame in app.dataframe if "metric" in frame.value.columns]
+    assert len(tables) == 1
+    table = tables[0]
+    assert list(table.columns) == ["metric", "mean", "± 95 %"]
+    ttft = table.set_index("metric").loc["TTFT p90 (ms)"]
+    assert ttft["mean"] > 0 and ttft["± 95 %"] > 0  # three seeds differ
+
+
 def test_a_changed_knob_changes_the_result() -> None:
     app = page("scenario", small())
     app.number_input(key="rate").set_value(40.0).run()

@@ -10,7 +10,8 @@ import plotly.graph_objects as go
 import streamlit as st
 
 from dashboards.core import records_csv, scenario_yaml
-from dashboards.state import current_scenario, run
+from dashboards.state import current_scenario, replicate, run
+from sim.scenario import Scenario
 
 
 def _ms(value: float | None) -> str:
@@ -33,6 +34,54 @@ def cdf_figure(values: np.ndarray, title: str, slo_s: float | None) -> go.Figure
         margin={"l": 10, "r": 10, "t": 40, "b": 10},
     )
     return figure
+
+
+#: The replication table's rows: label, metric, and how to show it (ms, or a plain number).
+REPLICATED = [
+    ("TTFT p90", "ttft_p90_s", "ms"),
+    ("TTFT p99", "ttft_p99_s", "ms"),
+    ("TPOT p90", "tpot_p90_s", "ms"),
+    ("E2E p90", "e2e_p90_s", "ms"),
+    ("Output tokens/s", "output_tokens_per_s", "number"),
+    ("SLO attainment", "slo_attainment", "number"),
+    ("Prefix hit rate", "prefix_hit_rate", "number"),
+    ("USD / M output tokens", "usd_per_million_output_tokens", "number"),
+]
+
+
+def _replications(scenario: Scenario) -> None:
+    """Seed replications: how much of a difference between two scenarios is noise."""
+    st.subheader("Across seeds")
+    left, right = st.columns([1, 3])
+    num_seeds = left.number_input(
+        "Seeds", min_value=2, max_value=20, value=5, step=1, key="replication_seeds"
+    )
+    right.caption(
+        "Runs the scenario with this many seeds (from its own) in two processes and shows each "
+        "metric's mean and 95 % Student-t interval: two scenarios whose intervals overlap are "
+        "not told apart by this workload size."
+    )
+    if not left.button("Run seeds", key="replication_run"):
+        return
+    with st.spinner(f"Simulating {int(num_seeds)} seeds…"):
+        try:
+            replicated = replicate(scenario, int(num_seeds))
+        except ValueError as exc:
+            st.error(str(exc))
+            return
+    rows = []
+    for label, metric, kind in REPLICATED:
+        values = replicated["metrics"][metric]
+        mean, half = values["mean"], values["half_width"]
+        scale = 1e3 if kind == "ms" else 1.0
+        rows.append(
+            {
+                "metric": label + (" (ms)" if kind == "ms" else ""),
+                "mean": None if mean is None else mean * scale,
+                "± 95 %": None if half is None else half * scale,
+            }
+        )
+    st.dataframe(pd.DataFrame(rows), hide_index=True, key="replication_table")
 
 
 def main() -> None:
@@ -89,6 +138,8 @@ def main() -> None:
         figure = go.Figure(go.Scatter(x=series["time_s"], y=series[column], mode="lines"))
         figure.update_layout(title=label, height=240, margin={"l": 10, "r": 10, "t": 40, "b": 10})
         chart_columns[i % 3].plotly_chart(figure, key=f"ts_{column}")
+
+    _replications(scenario)
 
     st.subheader("Requests")
     st.dataframe(records, height=300)
