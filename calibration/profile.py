@@ -108,33 +108,80 @@ def now_iso() -> str:
 
 
 def load_profile(path: str | Path) -> Profile:
-    """Read and validate a profile; ProfileError names the file and what is wrong."""
+    """Read and validate a profile; ProfileError is one line naming the file, what is wrong and
+    what to do (the field for a bad value; re-calibrating for another schema or a broken file).
+    """
     path = Path(path)
     try:
-        text = path.read_text(encoding="utf-8")
+        raw = path.read_bytes()
     except OSError as exc:
-        raise ProfileError(f"{path}: cannot read the profile: {exc.strerror}") from None
+        what = "it is a directory, give the profile's .json file" if path.is_dir() else exc.strerror
+        raise ProfileError(f"{path}: cannot read the profile: {what}") from None
+    try:
+        text = raw.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        line = raw.count(b"\n", 0, exc.start) + 1
+        raise ProfileError(
+            f"{path}: not a UTF-8 text file (byte 0x{raw[exc.start]:02x} at byte offset "
+            f"{exc.start}, line {line}); a profile is the JSON file `servesim calibrate` writes: "
+            "re-encode it as UTF-8 or re-run `servesim calibrate`"
+        ) from None
+    if not text.strip():
+        raise ProfileError(f"{path}: the profile is empty; re-run `servesim calibrate`")
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
         raise ProfileError(
             f"{path}: not valid JSON at line {exc.lineno}, column {exc.colno} ({exc.msg}); "
-            "is the file truncated?"
+            "is the file truncated? re-run `servesim calibrate` to write it again"
         ) from None
     if not isinstance(data, dict):
-        raise ProfileError(f"{path}: expected a JSON object, got {type(data).__name__}")
-    version = data.get("schema_version")
+        raise ProfileError(
+            f"{path}: expected a JSON object (the file `servesim calibrate` writes), got a JSON "
+            f"{_json_type(data)}"
+        )
+    if "schema_version" not in data:
+        raise ProfileError(
+            f"{path}: schema_version: missing; this is not a servesim profile (write one with "
+            "`servesim calibrate`)"
+        )
+    version = data["schema_version"]
     if version != SCHEMA_VERSION:
+        newer = type(version) is int and version > SCHEMA_VERSION
+        remedy = (
+            "upgrade servesim, or re-run `servesim calibrate` with this one"
+            if newer
+            else "re-run `servesim calibrate` to produce a current profile"
+        )
         raise ProfileError(
             f"{path}: schema_version {version!r} is not supported (this servesim reads "
-            f"{SCHEMA_VERSION}); re-run `servesim calibrate` to produce a current profile"
+            f"{SCHEMA_VERSION}); {remedy}"
         )
     try:
         return Profile.model_validate(data)
     except ValidationError as exc:
         first = exc.errors()[0]
-        where = ".".join(str(p) for p in first["loc"])
-        raise ProfileError(f"{path}: {where}: {first['msg']}") from None
+        where = ".".join(str(p) for p in first["loc"]) or "profile"
+        more = len(exc.errors()) - 1
+        also = f" (and {more} more problem{'s' if more > 1 else ''})" if more else ""
+        raise ProfileError(
+            f"{path}: {where}: {first['msg']}{also}; fix that field or re-run `servesim calibrate`"
+        ) from None
+
+
+def _json_type(value: object) -> str:
+    match value:
+        case list():
+            return "array"
+        case str():
+            return "string"
+        case bool():
+            return "boolean"
+        case int() | float():
+            return "number"
+        case None:
+            return "null"
+    return type(value).__name__
 
 
 def _version_tuple(version: str) -> tuple[int, ...]:

@@ -15,7 +15,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from sim.console import fail, load_or_exit, milliseconds, stderr
+from sim.console import fail, load_or_exit, milliseconds, stderr, warnings_on_stderr
 from sim.hardware import GPU_CATALOG, get_gpu
 from sim.latency import BatchShape, RooflineModel, kv_dtype_for, plan_memory, prefill_chunk_pairs
 from sim.models import MODEL_CATALOG, get_model
@@ -93,6 +93,9 @@ def _print_summary(scenario: Scenario, summary: dict[str, Any]) -> None:
     stdout.print(facts)
     if "fleet" in summary:
         _print_fleet(summary["fleet"])
+    stability = summary.get("stability", {})
+    if not stability.get("stable", True):
+        stdout.print(f"[bold red]{stability['message']}[/]", highlight=False)
 
 
 def _print_fleet(fleet: dict[str, Any]) -> None:
@@ -153,13 +156,14 @@ def run(
         fail(f"--format: must be parquet or csv, got {fmt!r}")
     if num_replications < 1:
         fail(f"--replications: must be >= 1, got {num_replications}")
-    scenario = load_or_exit(scenario_path)
-    if seed is not None:
-        scenario = scenario.model_copy(update={"seed": seed})
-    try:
-        simulation = build(scenario)
-    except ValueError as exc:
-        fail(str(exc))
+    with warnings_on_stderr():
+        scenario = load_or_exit(scenario_path)
+        if seed is not None:
+            scenario = scenario.model_copy(update={"seed": seed})
+        try:
+            simulation = build(scenario)
+        except ValueError as exc:
+            fail(str(exc))
     with Progress(
         TextColumn("simulating"),
         BarColumn(),
@@ -284,11 +288,12 @@ def inspect(
 @app.command()
 def check(scenario_path: Annotated[Path, typer.Argument(metavar="SCENARIO")]) -> None:
     """Check a scenario file and report every problem, one line each."""
-    scenario = load_or_exit(scenario_path)
-    try:
-        build(scenario)
-    except ValueError as exc:
-        fail(str(exc))
+    with warnings_on_stderr():
+        scenario = load_or_exit(scenario_path)
+        try:
+            build(scenario)
+        except ValueError as exc:
+            fail(str(exc))
     stdout.print(f"{scenario_path}: ok")
 
 

@@ -5,6 +5,9 @@ number formatting. Bad input ends with a message and exit code 2, never a traceb
 from __future__ import annotations
 
 import math
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import NoReturn
 
@@ -21,6 +24,23 @@ def fail(message: str, code: int = 2) -> NoReturn:
     """Print ``error: message`` to stderr and exit (the message is text, not rich markup)."""
     stderr.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
     raise typer.Exit(code=code)
+
+
+@contextmanager
+def warnings_on_stderr() -> Iterator[None]:
+    """Show the warnings raised inside (a trace sorted by time, weights that compute slower
+    than asked) as ``warning: message`` lines, whatever Python's warning filters say."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            yield
+        finally:
+            for warning in caught:
+                stderr.print(
+                    f"[yellow]warning:[/] {escape(str(warning.message))}",
+                    highlight=False,
+                    soft_wrap=True,
+                )
 
 
 def load_or_exit(path: Path | None) -> Scenario:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import time
+import warnings
 from collections.abc import Callable, Generator
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -46,6 +47,7 @@ from sim.metrics import (
     TIMESERIES_COLUMNS,
     PrefixCacheCounts,
     records_frame,
+    stability,
     summarize,
     token_times_frame,
 )
@@ -154,7 +156,10 @@ def build_requests(workload: WorkloadSpec, seed_sequence: np.random.SeedSequence
     if workload.trace is not None:
         path = workload.trace.path
         try:
-            trace = read_trace(path, workload.trace.format)
+            # Without a time horizon only the first num_requests lines are needed: a huge
+            # trace is read no further (its first requests in file order, then sorted).
+            limit = workload.num_requests if workload.duration_s is None else None
+            trace = read_trace(path, workload.trace.format, max_requests=limit)
         except OSError as exc:
             raise ValueError(f"workload.trace.path: cannot read {path}: {exc.strerror}") from None
         except TraceFormatError as exc:
@@ -319,6 +324,10 @@ def write_outputs(
     return written
 
 
+#: The most time-series rows a run samples over its arrivals (the interval grows to fit).
+MAX_SAMPLES = 200_000
+
+
 class Simulation:
     """One replica under a workload, ready to run once.
 
@@ -343,9 +352,15 @@ class Simulation:
         autoscaler: AutoscalerConfig | None = None,
         disaggregation: DisaggConfig | None = None,
         hardware: HardwareOf | None = None,
+        max_waiting_requests: int | None = None,
+        max_simulated_s: float | None = None,
     ) -> None:
         """``scheduler`` and ``latency_model`` are replica 0's engine; with ``num_replicas`` > 1,
-        ``make_engine(i)`` makes the others' and ``router`` spreads requests over them."""
+        ``make_engine(i)`` makes the others' and ``router`` spreads requests over them.
+
+        An overloaded run stops when more than ``max_waiting_requests`` wait over the fleet or
+        the clock passes ``max_simulated_s`` (default: ten times the last arrival, plus an
+        hour); requests not finished then end ``cancelled``."""
         if num_replicas > 1 and make_engine is None:
             raise ValueError("num_replicas > 1 needs make_engine to build the other replicas")
         self.requests = sorted(requests, key=lambda r: r.request_id)
@@ -361,6 +376,8 @@ class Simulation:
         self.autoscaler_config = autoscaler
         self.disaggregation = disaggregation
         self.hardware = hardware
+        self.max_waiting_requests = max_waiting_requests
+        self.max_simulated_s = max_simulated_s
         first = (scheduler, latency_model)
 
         def engines(i: int) -> tuple[Scheduler, IterationTimeModel]:
@@ -455,16 +472,51 @@ class Simulation:
                     yield env.timeout(delay)
                 fleet.submit(request, record_of[request.request_id])
 
+        stopped = env.event()
+        stop_reason = ""
+
+        def stop(reason: str) -> None:
+            nonlocal stop_reason
+            if not stopped.triggered:
+                stop_reason = reason
+                stopped.succeed()
+
+        interval_s = self.sample_interval_s
+        last_root = max((r.arrival_s for r in roots), default=0.0)
+        if last_root / interval_s > MAX_SAMPLES:
+            # A trace spanning months sampled every second would be millions of idle rows.
+            interval_s = last_root / MAX_SAMPLES
+            warnings.warn(
+                f"output.sample_interval_s: {self.sample_interval_s:g} s over "
+                f"{last_root:,.0f} s of arrivals would be more than {MAX_SAMPLES:,} samples; "
+                f"sampling every {interval_s:,.3g} s instead",
+                stacklevel=2,
+            )
+
         def sampling() -> Generator[simpy.Event, Any, None]:
+            limit = self.max_waiting_requests
             while True:
-                yield env.timeout(self.sample_interval_s)
+                yield env.timeout(interval_s)
                 fleet.sample(env.now, finished, num_ok)
+                waiting = int(fleet.rows[-1][1])
+                if limit is not None and waiting > limit:
+                    stop(f"{waiting:,} requests waiting (simulator.max_waiting_requests={limit:,})")
+
+        def deadline(at_s: float) -> Generator[simpy.Event, Any, None]:
+            yield env.timeout(at_s)
+            stop(f"simulated time reached {at_s:,.0f} s (simulator.max_simulated_s)")
 
         if total:
             fleet.sample(0.0, 0, 0)
             env.process(arrivals())
             env.process(sampling())
-            env.run(until=all_done)
+            env.process(deadline(self.max_simulated_s or 10 * (last_root + frontend) + 3600.0))
+            env.run(until=all_done | stopped)
+            if stop_reason:
+                for record in records:
+                    if record.status is None:
+                        record.status = RequestStatus.CANCELLED
+                        record.error = f"not finished when the run stopped: {stop_reason}"
             if fleet.rows[-1][0] < env.now:
                 fleet.sample(env.now, finished, num_ok)  # the final partial interval
         wall_s = time.perf_counter() - started
@@ -530,6 +582,9 @@ class Simulation:
                 "events": [asdict(event) for event in scaler.events],
             }
         timeseries = pd.DataFrame(fleet.rows, columns=list(TIMESERIES_COLUMNS))
+        summary["stability"] = stability(frame, timeseries, stop_reason)
+        if not summary["stability"]["stable"]:
+            summary["slo"]["met"] = False  # percentiles of a growing queue mean nothing
         return SimResult(frame, timeseries, summary, token_times_frame(records))
 
 
@@ -658,6 +713,20 @@ def build(
     if requests is None:
         requests = build_requests(scenario.workload, workload_seed)
     slo = SLO(scenario.slo.ttft_s, scenario.slo.tpot_s, scenario.slo.percentile)
+    simulation = _build(scenario, requests, slo, latency_seed, router_seed, coefficients)
+    simulation.max_waiting_requests = scenario.simulator.max_waiting_requests
+    simulation.max_simulated_s = scenario.simulator.max_simulated_s
+    return simulation
+
+
+def _build(
+    scenario: Scenario,
+    requests: list[Request],
+    slo: SLO,
+    latency_seed: np.random.SeedSequence,
+    router_seed: np.random.SeedSequence,
+    coefficients: CalibratedCoefficients | None,
+) -> Simulation:
     disagg = scenario.fleet.disaggregation
     if disagg is not None:
         return _build_disaggregated(

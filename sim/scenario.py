@@ -23,9 +23,7 @@ from sim.hardware import GPU, get_gpu
 from sim.latency import QuantizationWarning, RooflineParams, compute_dtype, kv_dtype_for
 from sim.lengths import LogNormalLength
 from sim.models import ModelArch, get_model, load_hf_config
-
-#: The most requests a scenario may ask for; beyond this a run would not fit in memory.
-MAX_REQUESTS = 10_000_000
+from sim.workload import MAX_REQUESTS
 
 
 class ScenarioError(ValueError):
@@ -261,7 +259,39 @@ class WorkloadSpec(Spec):
                 raise ValueError(f"needs {', '.join(missing)} (or a trace)")
             if self.num_requests is None and self.duration_s is None:
                 raise ValueError("give num_requests or duration_s (or both: whichever ends first)")
+            if self.num_requests is None and self.arrival is not None:
+                assert self.duration_s is not None
+                bound = _peak_rate(self.arrival) * self.duration_s
+                if bound > MAX_REQUESTS:
+                    raise ValueError(
+                        f"duration_s: {self.duration_s:g} s at up to {_peak_rate(self.arrival):g} "
+                        f"req/s could be ~{bound:,.0f} requests, above the {MAX_REQUESTS:,} a "
+                        "run holds; shorten duration_s or add num_requests (whichever ends first)"
+                    )
         return self
+
+
+def _file_problem(field: str, noun: str, path: str) -> list[str]:
+    """A one-line problem if ``path`` is not a file ([] if it is)."""
+    if Path(path).is_dir():
+        return [f"{field}: {path} is a directory; give the {noun}'s own file"]
+    if not Path(path).is_file():
+        return [f"{field}: {noun} not found: {path}"]
+    return []
+
+
+def _peak_rate(spec: ArrivalSpec) -> float:
+    """The highest rate the arrival process reaches (requests per second)."""
+    match spec:
+        case PoissonArrivalSpec() | GammaArrivalSpec() | ConstantArrivalSpec():
+            return spec.rate
+        case OnOffArrivalSpec():
+            return max(spec.on_rate, spec.off_rate)
+        case PiecewiseArrivalSpec():
+            return max(rate for _, rate in spec.points)
+        case DiurnalArrivalSpec():
+            return spec.mean_rate * (1 + spec.amplitude)
+    raise AssertionError(spec)
 
 
 # -- hardware, model, engine ----------------------------------------------------------------
@@ -526,6 +556,11 @@ class SimulatorSpec(Spec):
 
     # Advance runs of decode steps as one event (sim/replica.py); false: one event per step.
     fast_forward: bool = True
+    # Bounds that stop an overloaded run (its unfinished requests end "cancelled" and the
+    # summary says it was unstable): requests waiting over the whole fleet, and simulated
+    # seconds (None: ten times the workload's arrival span plus an hour).
+    max_waiting_requests: PositiveInt = 100_000
+    max_simulated_s: PositiveFloat | None = None
 
 
 Dtype = Literal["bf16", "fp16", "fp8", "int8", "int4"]
@@ -772,11 +807,11 @@ def check_consistency(scenario: Scenario) -> list[str]:
             "one another"
         )
     latency = scenario.latency
-    if isinstance(latency, ProfileLatencySpec) and not Path(latency.path).is_file():
-        problems.append(f"latency.path: profile not found: {latency.path}")
+    if isinstance(latency, ProfileLatencySpec):
+        problems += _file_problem("latency.path", "profile", latency.path)
     trace = scenario.workload.trace
-    if trace is not None and not Path(trace.path).is_file():
-        problems.append(f"workload.trace.path: file not found: {trace.path}")
+    if trace is not None:
+        problems += _file_problem("workload.trace.path", "file", trace.path)
     max_model_len = engine.max_model_len or model.max_position_embeddings
     if not engine.enable_chunked_prefill and engine.max_num_batched_tokens < max_model_len:
         problems.append(

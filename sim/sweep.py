@@ -50,6 +50,7 @@ METRICS: dict[str, tuple[str, ...]] = {
     "preemptions": ("preemptions",),
     "usd_per_hour": ("cost", "usd_per_hour"),
     "usd_per_million_output_tokens": ("cost", "usd_per_million_output_tokens"),
+    "stable": ("stability", "stable"),
 }
 
 

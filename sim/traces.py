@@ -45,12 +45,16 @@ Rules common to all formats:
 
 * Files are read as a stream of lines (UTF-8, an optional BOM is skipped) into compact arrays,
   so memory stays near the size of the result; ``max_requests`` stops after that many requests
-  in file order. Blank lines are skipped. Unknown columns and fields are ignored.
+  in file order, without reading further (so arrivals are sorted among those only). Blank lines
+  are skipped. Unknown columns and fields are ignored.
 * Bad input raises :class:`TraceFormatError` naming the file, the 1-based line (as an editor
   shows it) and the column or field: missing required columns or fields, lengths that are not
   integers >= 1 (zero lengths are rejected too, since every request needs a prompt token and an
-  output token), timestamps that are not finite numbers, malformed JSON or CSV lines, bytes that
-  are not UTF-8, and a file with no requests.
+  output token), timestamps that are not finite numbers within the int64 range or that span
+  more than a float can hold, malformed JSON or CSV lines, bytes that are not UTF-8 (UTF-16 and
+  compressed or binary files such as gzip, zip/xlsx or Parquet are recognised and named, with
+  how to convert them), NUL bytes, lines over :data:`MAX_LINE_BYTES`, and a file with no
+  requests (empty, blank or header only).
 * Arrival times are shifted so that the first request arrives at 0.0. Timestamps that go
   backwards are sorted (stably, so simultaneous arrivals keep file order) with a
   :class:`TraceWarning` saying how many requests arrived earlier than the one on the line before:
@@ -103,6 +107,22 @@ _CSV_FORMATS = frozenset({"azure", "vidur", "servesim_csv"})
 _JSON_SUFFIXES = frozenset({".jsonl", ".ndjson", ".json"})
 _CSV_SUFFIXES = frozenset({".csv"})
 _INT64_MAX = 2**63 - 1
+
+#: The longest line read; a longer one is not a trace line (a binary file without newlines)
+#: and would otherwise be read whole into memory. A 128k-token prompt of token ids is ~1 MiB.
+MAX_LINE_BYTES = 64 * 2**20
+
+#: Leading bytes of files people give as traces by mistake, and what to do instead.
+_BINARY_SIGNATURES: tuple[tuple[bytes, str], ...] = (
+    (b"\x1f\x8b", "a gzip-compressed file; decompress it first (gunzip FILE)"),
+    (b"PK\x03\x04", "a ZIP archive (or .xlsx workbook); extract it or export the sheet as CSV"),
+    (b"PAR1", "a Parquet file; convert it to CSV, e.g. pandas.read_parquet(p).to_csv(c)"),
+    (b"BZh", "a bzip2-compressed file; decompress it first (bunzip2 FILE)"),
+    (b"\xfd7zXZ\x00", "an xz-compressed file; decompress it first (unxz FILE)"),
+    (b"\x28\xb5\x2f\xfd", "a zstd-compressed file; decompress it first (unzstd FILE)"),
+    (b"\xff\xfe", "UTF-16 text; re-encode it as UTF-8 (iconv -f utf-16 -t utf-8)"),
+    (b"\xfe\xff", "UTF-16 text; re-encode it as UTF-8 (iconv -f utf-16 -t utf-8)"),
+)
 
 #: The columns or fields a format requires; ``detect_format`` recognises a format by them, so
 #: detection and the "missing column" errors agree. CSV formats first, then JSONL formats.
@@ -549,7 +569,15 @@ def _finish(source: _Source, trace_format: str, columns: _Columns) -> Trace:
                 TraceWarning,
                 stacklevel=3,
             )
-        arrival_s = arrival_s - arrival_s[0]
+        with np.errstate(over="ignore"):
+            arrival_s = arrival_s - arrival_s[0]
+        if not np.isfinite(arrival_s[-1]):
+            raise source.error(
+                None,
+                None,
+                f"the arrival times span more than {np.finfo(np.float64).max:.3g} seconds (the "
+                "largest float); check the unit of the arrival column",
+            )
     for values in (arrival_s, prompt_tokens, output_tokens, session_ids):
         if values is not None:
             values.flags.writeable = False
@@ -601,9 +629,35 @@ class _Source:
 
 
 def _text_lines(source: _Source, handle: BinaryIO) -> Iterator[tuple[int, str]]:
-    """(1-based line number, decoded line) pairs; bad UTF-8 names the line and byte offset."""
+    """(1-based line number, decoded line) pairs; bad UTF-8 names the line and byte offset.
+
+    Binary files are refused on their first line, by signature (none of them contains a newline
+    byte, so the first line holds it) or by NUL bytes, which no text trace contains.
+    """
     offset = 0
-    for number, raw in enumerate(handle, start=1):
+    number = 0
+    while raw := handle.readline(MAX_LINE_BYTES + 1):
+        number += 1
+        if len(raw) > MAX_LINE_BYTES:
+            raise source.error(
+                number,
+                None,
+                f"line longer than {MAX_LINE_BYTES // 2**20} MiB; a trace has one request per "
+                "line: is this a binary file?",
+            )
+        if number == 1:
+            for signature, what in _BINARY_SIGNATURES:
+                if raw.startswith(signature):
+                    raise source.error(None, None, f"not a text trace: this is {what}")
+        nul = raw.find(b"\x00")
+        if nul >= 0:
+            raise source.error(
+                number,
+                None,
+                f"NUL byte at byte offset {offset + nul}: a binary file or "
+                "UTF-16 text without a byte-order mark; give a UTF-8 CSV or JSONL file "
+                "(iconv -f utf-16le -t utf-8 for UTF-16)",
+            )
         try:
             text = raw.decode("utf-8")
         except UnicodeDecodeError as error:
@@ -755,7 +809,12 @@ def _time_value(source: _Source, line: int, column: str, value: object) -> int |
     elif isinstance(value, int | float) and not isinstance(value, bool):
         number = value
     if number is None or (isinstance(number, float) and not math.isfinite(number)):
-        raise source.error(line, column, f"expected a finite number, got {value!r}")
+        raise source.error(line, column, f"expected a finite number, got {_short(value)}")
+    if isinstance(number, int) and abs(number) > _INT64_MAX:
+        # Beyond any real clock; and differences of such ints overflow a float.
+        raise source.error(
+            line, column, f"expected a number within ±{_INT64_MAX}, got {_short(value)}"
+        )
     return number
 
 

@@ -49,6 +49,12 @@ class MultiTurn:
 PrefixStructure = SharedPrefix | MultiTurn | None
 
 
+#: The most requests one workload may hold (a run keeps one record per request).
+MAX_REQUESTS = 10_000_000
+#: The most prompt segments a multi-turn workload may hold (each turn repeats its history).
+MAX_SESSION_SEGMENTS = 200_000_000
+
+
 def _unique(salt: int, request_id: int, part: int) -> int:
     return source_id(SourceNamespace.UNIQUE, salt, request_id, part)
 
@@ -153,6 +159,16 @@ def _multi_turn(
     """
     starts = arrivals.times(arrival_rng, num_requests=num_requests, duration_s=duration_s)
     turns = spec.turns.sample(session_rng, len(starts))
+    # Each turn's prompt repeats the whole history: segments held grow with turns squared.
+    num_turns = float(turns.sum())
+    num_segments = float((turns.astype(np.float64) ** 2).sum())
+    if num_turns > MAX_REQUESTS or num_segments > MAX_SESSION_SEGMENTS:
+        raise ValueError(
+            f"workload.prefix.turns: {len(starts):,} sessions of up to {int(turns.max()):,} turns "
+            f"are {num_turns:,.0f} requests whose prompts repeat their history "
+            f"({num_segments:,.0f} segments; the limits are {MAX_REQUESTS:,} requests and "
+            f"{MAX_SESSION_SEGMENTS:,} segments); lower prefix.turns, num_requests or duration_s"
+        )
     system: tuple[Segment, ...] = ()
     if spec.system_prompt_tokens:
         system = ((source_id(SourceNamespace.SYSTEM_PROMPT, salt, 0), spec.system_prompt_tokens),)
@@ -183,6 +199,7 @@ def _multi_turn(
             drafts.append(
                 Draft(earliest, session, turn, think, tuple(history), output, output_source)
             )
+
             history.append((output_source, output))
     drafts.sort(key=lambda d: (d.earliest_s, d.session, d.turn))
     if num_requests is not None:

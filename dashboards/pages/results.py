@@ -97,6 +97,9 @@ def main() -> None:
             st.error(str(exc))
             return
     summary = result.summary
+    stability = summary.get("stability", {})
+    if not stability.get("stable", True):
+        st.error(stability["message"])
     slo = summary["slo"]
     pct = f"p{slo['percentile']:g}"
     cost = summary.get("cost", {})
