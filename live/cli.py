@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import contextlib
 import json
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
+from rich.markup import escape
 
 from sim.console import fail, load_or_exit, milliseconds, stderr
 from sim.scenario import Scenario
@@ -126,11 +128,26 @@ def run_command(
     warmup: Annotated[int, typer.Option(help="warm-up requests before the measured part")] = 2,
     timeout_s: Annotated[float, typer.Option(help="per-request deadline in seconds")] = 600.0,
     fmt: Annotated[str, typer.Option("--format", help="parquet | csv")] = "parquet",
+    resume: Annotated[
+        bool,
+        typer.Option(
+            "--resume",
+            help="resume the interrupted run in --out: keep its ok and rejected records, send "
+            "the other requests again",
+        ),
+    ] = False,
 ) -> None:
-    """Replay the scenario's workload against a real server and write records and a summary."""
-    from live.replay import ReplayError, ReplayOptions, Target
-    from live.run import run_live
+    """Replay the scenario's workload against a real server and write records and a summary.
+
+    With ``--resume`` the run in ``--out`` continues: requests whose record there is ``ok`` or
+    ``rejected`` are not sent again, every other request is, keeping the remaining requests'
+    schedule relative to each other (the first goes at once). Their TTFT is measured under the
+    load of the resumed part only.
+    """
+    from live.replay import RecordsFileError, ReplayError, ReplayOptions, Target
+    from live.run import read_resume, run_live
     from live.tokens import PromptTokens
+    from sim.run import scenario_requests
 
     if endpoint not in ("completions", "chat"):
         fail(f"--endpoint: must be completions or chat, got {endpoint!r}")
@@ -146,6 +163,24 @@ def run_command(
         read_timeout_s=timeout_s,
         record_token_times=scenario.output.record_token_times,
     )
+    requests = scenario_requests(scenario)
+    resume_from = None
+    if resume:
+        # Checked before a server is launched or attached: a refusal should cost nothing.
+        try:
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                resume_from = read_resume(out, scenario, requests)
+        except RecordsFileError as exc:
+            fail(f"--resume: {exc}; run without --resume to start a fresh run")
+        for warning in caught:
+            stderr.print(f"[yellow]warning:[/] {warning.message}", highlight=False, markup=True)
+        kept = len(resume_from.kept())
+        stderr.print(
+            f"resuming {out}: {kept} of {len(requests)} requests already recorded ok or "
+            f"rejected, sending {len(requests) - kept}",
+            highlight=False,
+        )
     out.mkdir(parents=True, exist_ok=True)
     try:
         with scenario_server(scenario, url, launch, model, out / "server.log", vocab_size) as (
@@ -155,11 +190,22 @@ def run_command(
         ):
             target = Target(base, served, endpoint)  # type: ignore[arg-type]
             stderr.print(f"replaying {scenario.name} against {target.base_url}", highlight=False)
-            result = run_live(scenario, target, PromptTokens(vocab), out_dir=out, options=options)
+            result = run_live(
+                scenario,
+                target,
+                PromptTokens(vocab),
+                out_dir=out,
+                options=options,
+                requests=requests,
+                resume_from=resume_from,
+            )
     except ReplayError as exc:
         fail(str(exc))
     except KeyboardInterrupt:
-        stderr.print(f"interrupted; every record so far is in {out / 'records.jsonl'}")
+        stderr.print(
+            f"interrupted; every record so far is in {out / 'records.jsonl'} (continue with "
+            "--resume)"
+        )
         raise typer.Exit(code=130) from None
     for path in result.write(out, "csv" if fmt == "csv" else "parquet"):
         stderr.print(f"wrote {path}", highlight=False)
@@ -173,9 +219,36 @@ def run_command(
         f"{ttft_p90} ms; TPOT p50 {tpot_p50} ms; prefix-cache hit rate "
         f"{summary['prefix_cache']['hit_rate']:.1%}"
     )
+    _print_failures(result.records)
+    resumed = summary["live"]["resume"]
+    if resumed["resumed"]:
+        typer.echo(
+            f"resumed: {resumed['reused']} records reused from the earlier run, "
+            f"{resumed['sent']} requests sent"
+        )
     if summary["live"]["interrupted"]:
-        stderr.print(f"[bold red]run interrupted:[/] {summary['live']['reason']}")
+        stderr.print(
+            f"[bold red]run interrupted:[/] {escape(summary['live']['reason'])}; continue with "
+            "--resume"
+        )
         raise typer.Exit(code=1)
+
+
+def _print_failures(records: Any, top: int = 5) -> None:
+    """The most frequent reasons requests did not complete, with their counts."""
+    failed = records[records["status"] != "ok"]
+    if failed.empty:
+        return
+    counts: dict[tuple[str, str], int] = {}
+    for status, error in zip(failed["status"], failed["error"].fillna(""), strict=True):
+        key = (str(status), str(error)[:160])
+        counts[key] = counts.get(key, 0) + 1
+    reasons = sorted(counts.items(), key=lambda item: -item[1])
+    stderr.print(f"{len(failed)} requests did not complete:", highlight=False)
+    for (status, reason), count in reasons[:top]:
+        stderr.print(f"  {count:>6} {status}: {escape(reason) or '(no message)'}", highlight=False)
+    if len(reasons) > top:
+        stderr.print(f"  … and {len(reasons) - top} other reasons (see records)", highlight=False)
 
 
 @app.command("import")

@@ -10,13 +10,19 @@ interrupted run (Ctrl-C, a dead server) keeps everything that finished and write
 status: in-flight requests ``cancelled`` with what they had received, unsent ones ``cancelled``
 with the reason. The load generator measures its own lag (send time − scheduled time) and warns
 when it is large enough to distort the offered load.
+
+Such a run can be resumed from its records file (:func:`read_records`, then ``replay(...,
+resume_from=...)``): requests that ended ``ok`` or ``rejected`` keep their records and are not sent
+again; the others (``cancelled``, ``error``, ``timeout``, or no record at all) are sent again.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import math
+import os
 import time
 import warnings
 from collections.abc import Callable, Coroutine, Sequence
@@ -52,6 +58,141 @@ class ReplayError(RuntimeError):
     """The replay could not start: the warm-up requests failed (wrong URL, model, server down)."""
 
 
+class RecordsFileError(ValueError):
+    """A records file cannot be resumed from: missing, corrupt, or not this workload's."""
+
+
+class RecordsFileWarning(UserWarning):
+    """Something in a records file was ignored (a half-written last line)."""
+
+
+#: Statuses whose records a resumed run keeps. ``rejected`` is a 400/413/422 from the server: the
+#: same request would be rejected again, so sending it again would only repeat the answer.
+KEPT_STATUSES: frozenset[RequestStatus] = frozenset({RequestStatus.OK, RequestStatus.REJECTED})
+
+
+@dataclass(frozen=True)
+class RecordsFile:
+    """The records of an earlier (interrupted) run, read back for a resume.
+
+    ``lines_by_id`` holds each record's line exactly as it was written, so a resumed run keeps
+    the records it reuses byte for byte. ``note`` says what was ignored (empty when nothing was).
+    """
+
+    path: Path
+    records_by_id: dict[int, Record]
+    lines_by_id: dict[int, str]
+    note: str = ""
+
+    def kept(self) -> dict[int, Record]:
+        """The records a resumed run reuses: those with a status in :data:`KEPT_STATUSES`."""
+        return {i: r for i, r in self.records_by_id.items() if r.status in KEPT_STATUSES}
+
+
+def requests_digest(requests: Sequence[Request]) -> str:
+    """SHA-256 of the requests (every field), to tell whether a records file is theirs."""
+    text = repr(sorted(requests, key=lambda r: r.request_id))
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _record_from_row(row: object) -> Record:
+    """A record from one parsed line of ``records.jsonl`` (as :meth:`Record.as_row` wrote it)."""
+    if not isinstance(row, dict):
+        raise ValueError(f"expected a JSON object, got {type(row).__name__}")
+    try:
+        request_id = row["request_id"]
+        if not isinstance(request_id, int) or isinstance(request_id, bool):
+            raise ValueError(f"request_id must be an integer, got {request_id!r}")
+        record = Record(
+            request_id,
+            float(row["arrival_s"]),
+            int(row["prompt_tokens"]),
+            int(row["output_tokens"]),
+            scheduled_s=float(row["scheduled_s"]),
+            first_token_s=float(row["first_token_s"]),
+            finish_s=float(row["finish_s"]),
+            cached_tokens=int(row["cached_tokens"]),
+            num_preemptions=int(row["num_preemptions"]),
+            replica_id=int(row["replica_id"]),
+            status=RequestStatus(row["status"]),
+            error=str(row["error"]),
+            token_times_s=[float(t) for t in row.get("token_times_s", ())],
+        )
+    except KeyError as exc:
+        raise ValueError(f"field {exc.args[0]!r} is missing") from None
+    except (TypeError, ValueError) as exc:
+        raise ValueError(str(exc)) from None
+    return record
+
+
+def read_records(path: Path, requests: Sequence[Request]) -> RecordsFile:
+    """Read ``records.jsonl`` of an earlier run of ``requests`` for a resume.
+
+    A half-written last line (the run was killed while writing it) is ignored with a
+    :class:`RecordsFileWarning`; its request is simply sent again. Raises
+    :class:`RecordsFileError` when the file is missing, a line before the last is not a record,
+    a request id appears twice, or a record's request id or prompt length is not in ``requests``.
+    """
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise RecordsFileError(f"no records file at {path}: nothing to resume") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise RecordsFileError(f"cannot read {path}: {exc}") from None
+    by_id = {r.request_id: r for r in requests}
+    lines = text.split("\n")
+    # A file that ends with a newline splits into its lines plus one empty string.
+    complete = text.endswith("\n") or not text
+    records: dict[int, Record] = {}
+    raw: dict[int, str] = {}
+    line_of: dict[int, int] = {}
+    note = ""
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        last = number == len(lines)
+        try:
+            record = _record_from_row(json.loads(line))
+        except ValueError as exc:  # json.JSONDecodeError is a ValueError
+            if last and not complete:
+                note = f"{path}:{number}: ignored a half-written last line (the run was killed?)"
+                warnings.warn(note, RecordsFileWarning, stacklevel=2)
+                continue
+            raise RecordsFileError(f"{path}:{number}: not a record: {exc}") from None
+        request_id = record.request_id
+        request = by_id.get(request_id)
+        if request is None:
+            raise RecordsFileError(
+                f"{path}:{number}: request id {request_id} is not in this workload's "
+                f"{len(by_id)} requests: the records are from another workload"
+            )
+        if record.prompt_tokens != request.prompt_tokens:
+            raise RecordsFileError(
+                f"{path}:{number}: request {request_id} has {record.prompt_tokens} prompt "
+                f"tokens, this workload's has {request.prompt_tokens}: the records are from "
+                "another workload"
+            )
+        if request_id in records:
+            raise RecordsFileError(
+                f"{path}:{number}: request id {request_id} already has a record (line "
+                f"{line_of[request_id]}): not a file one servesim run wrote"
+            )
+        records[request_id] = record
+        raw[request_id] = line
+        line_of[request_id] = number
+    return RecordsFile(path, records, raw, note)
+
+
+def _rewrite_records(path: Path, lines: Sequence[str]) -> None:
+    """Replace ``path`` by exactly ``lines`` (atomically: a kill leaves the old or new file)."""
+    partial = path.with_name(path.name + ".partial")
+    with partial.open("w", encoding="utf-8") as file:
+        file.writelines(line + "\n" for line in lines)
+        file.flush()
+        os.fsync(file.fileno())
+    partial.replace(path)
+
+
 @dataclass(frozen=True)
 class ReplayOptions:
     """Knobs of a replay (all optional)."""
@@ -78,6 +219,9 @@ class ReplayResult:
     duration_s: float
     interrupted: bool = False
     reason: str = ""
+    resumed: bool = False  # resumed an earlier run (replay(..., resume_from=...))
+    num_reused: int = 0  # records kept from the earlier run
+    num_sent: int = 0  # requests this run sent
 
 
 def _record_from(request: Request, result: StreamResult, t0: float, arrival_s: float) -> Record:
@@ -111,14 +255,17 @@ class _Replay:
         options: ReplayOptions,
         sink: IO[str] | None,
         clock: Callable[[], float],
+        kept: dict[int, Record] | None = None,
     ) -> None:
         self.requests = sorted(requests, key=lambda r: r.request_id)
+        self.kept = dict(kept or {})
+        self.pending = [r for r in self.requests if r.request_id not in self.kept]
         self.target = target
         self.tokens = tokens
         self.options = options
         self.sink = sink
         self.clock = clock
-        self.records: dict[int, Record] = {}
+        self.records: dict[int, Record] = dict(self.kept)
         self.lags: list[float] = []
         self.outputs: dict[int, list[int]] = {}  # output source id -> generated token ids
         self.children = later_turns(self.requests)
@@ -127,6 +274,7 @@ class _Replay:
         self.connection_errors = 0
         self.abort_reason = ""
         self.t0 = 0.0
+        self.started = math.nan  # clock() when the measured part began
         self.started_unix = math.nan
         self.semaphore = (
             asyncio.Semaphore(options.max_concurrency) if options.max_concurrency else None
@@ -205,7 +353,8 @@ class _Replay:
     def _release_children(self, client: httpx.AsyncClient, request: Request) -> None:
         """Later turns follow whatever happened to this one, as in the simulator."""
         for child in self.children.get(request.request_id, ()):
-            self._spawn(self._later_turn(client, child))
+            if child.request_id not in self.kept:
+                self._spawn(self._later_turn(client, child))
 
     async def _later_turn(self, client: httpx.AsyncClient, request: Request) -> None:
         await asyncio.sleep(request.think_time_s)
@@ -219,8 +368,23 @@ class _Replay:
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
 
+    def schedule_offset_s(self) -> float:
+        """Workload time of the first request to send: 0, or later when resuming.
+
+        Records are timed from ``t0 = start − offset``, so a resumed part keeps the workload's
+        timeline and its first request is sent at once.
+        """
+        roots = [r.arrival_s for r in self.pending if r.parent_id < 0]
+        return min(roots) if self.kept and roots else 0.0
+
     async def _dispatch(self, client: httpx.AsyncClient) -> None:
-        roots = sorted((r for r in self.requests if r.parent_id < 0), key=lambda r: r.arrival_s)
+        # A later turn whose earlier turn is kept from the resumed run starts at once (after its
+        # think time); the earlier answer's tokens are not in the records, so its prompt has the
+        # planned stream in their place (see PromptTokens.prompt_ids).
+        for request in self.pending:
+            if request.parent_id >= 0 and request.parent_id in self.kept:
+                self._spawn(self._later_turn(client, request))
+        roots = sorted((r for r in self.pending if r.parent_id < 0), key=lambda r: r.arrival_s)
         for request in roots:
             if self.abort_reason:
                 return
@@ -260,9 +424,10 @@ class _Replay:
             await self._warm_up(client)
             if after_warmup is not None:
                 after_warmup()
-            self.t0 = self.clock()
+            self.started = self.clock()
+            self.t0 = self.started - self.schedule_offset_s()
             self.started_unix = time.time()
-            if not self.requests:
+            if not self.pending:
                 return
             dispatcher = asyncio.ensure_future(self._dispatch(client))
             try:
@@ -297,15 +462,29 @@ async def replay(
     options: ReplayOptions | None = None,
     after_warmup: Callable[[], None] | None = None,
     clock: Callable[[], float] = time.perf_counter,
+    resume_from: RecordsFile | None = None,
 ) -> ReplayResult:
     """Send ``requests`` to ``target`` on their schedule and record every one of them.
 
     ``after_warmup`` runs once the warm-up requests are done, just before the measured part
     (e.g. to scrape ``/metrics``). Cancelling this coroutine (Ctrl-C) still writes every record.
+
+    ``resume_from`` (see :func:`read_records`) resumes an interrupted run: records with a status
+    in :data:`KEPT_STATUSES` are kept as they are and their requests not sent; every other
+    request is sent again. ``records_path`` is first rewritten to hold only the kept records
+    (one line per request id, whatever the earlier file held), then appended to as usual, so it
+    ends with exactly one record per request and can itself be resumed. The remaining requests
+    keep their open-loop schedule relative to each other, shifted so that the first of them is
+    sent at once; their times are on the workload's timeline (a resumed record's ``arrival_s`` is
+    its workload arrival time plus send lag). Their TTFT is measured under the load of the
+    resumed part only: requests that completed earlier are not there to compete with them.
     """
     options = options or ReplayOptions()
+    kept = resume_from.kept() if resume_from is not None else {}
+    if records_path is not None and resume_from is not None:
+        _rewrite_records(records_path, [resume_from.lines_by_id[i] for i in sorted(kept)])
     sink = records_path.open("a", encoding="utf-8") if records_path is not None else None
-    state = _Replay(requests, target, tokens, options, sink, clock)
+    state = _Replay(requests, target, tokens, options, sink, clock, kept)
     interrupted = False
     reason = ""
     try:
@@ -319,7 +498,7 @@ async def replay(
         state.close(reason or "run ended")
         if sink is not None:
             sink.close()
-    duration = clock() - state.t0 if state.t0 else 0.0
+    duration = clock() - state.started if math.isfinite(state.started) else 0.0
     lag = np.asarray(state.lags, dtype=np.float64)
     if lag.size and float(np.percentile(lag, 99)) > options.lag_warning_s:
         warnings.warn(
@@ -344,4 +523,7 @@ async def replay(
         duration_s=duration,
         interrupted=interrupted,
         reason=reason,
+        resumed=resume_from is not None,
+        num_reused=len(kept),
+        num_sent=len(state.lags),
     )

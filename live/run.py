@@ -1,10 +1,16 @@
 """A live run end to end: the scenario's requests → replay against a server → the same outputs
 as ``servesim run`` (records, summary.json), plus the server's own ``/metrics`` deltas.
+
+Next to ``records.jsonl`` a run writes ``records.meta.json`` (digests of the scenario and of its
+requests), so that resuming an interrupted run (:func:`read_resume`) can refuse records written
+for another scenario. ``records.jsonl`` itself keeps its format: one record per line.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -12,7 +18,16 @@ from typing import Any, Literal
 import httpx
 import pandas as pd
 
-from live.replay import ReplayOptions, ReplayResult, Target, replay
+from live.replay import (
+    RecordsFile,
+    RecordsFileError,
+    ReplayOptions,
+    ReplayResult,
+    Target,
+    read_records,
+    replay,
+    requests_digest,
+)
 from live.scrape import MetricsDelta, MetricsSnapshot, metrics_delta, scrape
 from live.tokens import PromptTokens
 from sim.metrics import (
@@ -26,6 +41,65 @@ from sim.metrics import (
 from sim.request import Request
 from sim.run import scenario_requests, write_outputs
 from sim.scenario import Scenario
+
+#: The records a live run appends to as requests complete, and the file that says whose they are.
+RECORDS_FILE = "records.jsonl"
+RECORDS_META_FILE = "records.meta.json"
+RECORDS_META_FORMAT = "servesim-live-records/1"
+
+
+def scenario_digest(scenario: Scenario) -> str:
+    """SHA-256 of the scenario's content (every field, key order ignored)."""
+    text = json.dumps(scenario.model_dump(mode="json"), sort_keys=True, allow_nan=True)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def records_meta(scenario: Scenario, requests: list[Request]) -> dict[str, Any]:
+    """What ``records.meta.json`` holds: which scenario and requests the records belong to."""
+    return {
+        "format": RECORDS_META_FORMAT,
+        "scenario": scenario.name,
+        "scenario_sha256": scenario_digest(scenario),
+        "requests_sha256": requests_digest(requests),
+        "num_requests": len(requests),
+    }
+
+
+def read_resume(out_dir: Path, scenario: Scenario, requests: list[Request]) -> RecordsFile:
+    """The records of an interrupted run in ``out_dir``, checked to be this scenario's.
+
+    Raises :class:`RecordsFileError` (a one-line message) when ``records.jsonl`` or
+    ``records.meta.json`` is missing or unreadable, when either belongs to another scenario or
+    workload, or when a record is corrupt before the last line (see :func:`read_records`).
+    """
+    records_path = out_dir / RECORDS_FILE
+    meta_path = out_dir / RECORDS_META_FILE
+    if not records_path.is_file():
+        raise RecordsFileError(f"no records file at {records_path}: nothing to resume")
+    try:
+        meta = json.loads(meta_path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise RecordsFileError(
+            f"{meta_path} is missing, so the records in {records_path} cannot be checked "
+            "against the scenario (written by an older servesim?)"
+        ) from None
+    except (OSError, ValueError) as exc:
+        raise RecordsFileError(f"cannot read {meta_path}: {exc}") from None
+    expected = records_meta(scenario, requests)
+    if not isinstance(meta, dict) or meta.get("format") != RECORDS_META_FORMAT:
+        raise RecordsFileError(f"{meta_path}: not a {RECORDS_META_FORMAT} file")
+    if meta.get("scenario_sha256") != expected["scenario_sha256"]:
+        raise RecordsFileError(
+            f"the records in {records_path} are from another scenario "
+            f"({meta.get('scenario')!r}, digest {str(meta.get('scenario_sha256'))[:12]}; this "
+            f"one {scenario.name!r}, digest {expected['scenario_sha256'][:12]})"
+        )
+    if meta.get("requests_sha256") != expected["requests_sha256"]:
+        raise RecordsFileError(
+            f"the records in {records_path} are from another workload: the scenario is the same "
+            "but its requests differ (a trace file that changed?)"
+        )
+    return read_records(records_path, requests)
 
 
 @dataclass
@@ -92,6 +166,12 @@ def summarize_live(
         "started_at_unix_s": result.started_at_unix_s,
         "load_generator_lag_s": distribution(result.lag_s),
         "server_ttft_mean_s": delta.ttft.mean if delta else None,
+        # A resumed run reuses earlier records: only `sent` requests ran under this run's load.
+        "resume": {
+            "resumed": result.resumed,
+            "reused": result.num_reused,
+            "sent": result.num_sent,
+        },
     }
     return summary
 
@@ -104,11 +184,16 @@ def run_live(
     out_dir: Path,
     options: ReplayOptions | None = None,
     requests: list[Request] | None = None,
+    resume_from: RecordsFile | None = None,
 ) -> LiveResult:
     """Replay the scenario's workload (the same requests ``servesim run`` simulates).
 
     ``/metrics`` is scraped after the warm-up and after the run; records stream to
-    ``out_dir/records.jsonl`` as requests complete.
+    ``out_dir/records.jsonl`` as requests complete. A fresh run replaces any records file in
+    ``out_dir`` and writes ``records.meta.json``; ``resume_from`` (from :func:`read_resume`)
+    resumes the interrupted run whose records are there instead: ``ok`` and ``rejected`` records
+    are kept and the rest sent again (see :func:`live.replay.replay`). The server's ``/metrics``
+    deltas then cover the resumed part only.
     """
     out_dir.mkdir(parents=True, exist_ok=True)
     requests = scenario_requests(scenario) if requests is None else requests
@@ -121,11 +206,17 @@ def run_live(
     def scrape_before() -> None:
         try:
             before.append(scrape(target.base_url))
-        except (httpx.HTTPError, OSError) as exc:
+        # ValueError: a 200 that is not Prometheus text (a server other than vLLM).
+        except (httpx.HTTPError, OSError, ValueError) as exc:
             notes.append(f"/metrics not readable before the run: {exc}")
 
-    records_path = out_dir / "records.jsonl"
-    records_path.unlink(missing_ok=True)
+    records_path = out_dir / RECORDS_FILE
+    if resume_from is None:
+        records_path.unlink(missing_ok=True)
+        meta = json.dumps(records_meta(scenario, requests), indent=2)
+        (out_dir / RECORDS_META_FILE).write_text(meta + "\n", encoding="utf-8")
+    elif resume_from.note:
+        notes.append(resume_from.note)
     result = asyncio.run(
         replay(
             requests,
@@ -134,13 +225,14 @@ def run_live(
             records_path=records_path,
             options=options,
             after_warmup=scrape_before,
+            resume_from=resume_from,
         )
     )
     delta: MetricsDelta | None = None
     capacity = 0
     try:
         after = scrape(target.base_url)
-    except (httpx.HTTPError, OSError):  # a dead server must not cost the records
+    except (httpx.HTTPError, OSError, ValueError):  # a dead server must not cost the records
         after = None
     if after is None:
         notes.append("/metrics not readable after the run (server gone?)")

@@ -60,6 +60,7 @@ MODES = (
     "abort",  # tokens, then finish_reason "abort" and [DONE]
     "close",  # tokens, then the connection dropped inside the chunked body
     "slow",  # tokens SLOW_GAP_S apart
+    "dies",  # "normal" for the first FaultServer.dies_after POSTs, then drops every connection
 )
 
 
@@ -84,6 +85,9 @@ class FaultServer:
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
         self._server: asyncio.Server | None = None
         self._handlers: set[asyncio.Task[None]] = set()
+        #: How many requests the "dies" mode answers before it drops every connection unanswered.
+        self.dies_after = 0
+        self._num_dies_requests = 0
 
     def url(self, mode: str) -> str:
         """The base URL that selects ``mode`` (one of :data:`MODES`)."""
@@ -136,6 +140,11 @@ class FaultServer:
         mode = request.path.strip("/").split("/", 1)[0]
         max_tokens = int(request.body.get("max_tokens", 4))
         num_prompt_tokens = len(request.body.get("prompt", ()))
+        if mode == "dies" and request.method == "POST":  # GET /metrics does not count
+            self._num_dies_requests += 1
+            if self._num_dies_requests > self.dies_after:
+                writer.transport.abort()  # accepted, then gone: an engine that crashed
+                return
         match mode:
             case "too_many_requests":
                 error = _error_json("Too many requests, slow down", "RateLimitError", 429)

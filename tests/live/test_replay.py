@@ -145,7 +145,9 @@ def test_multi_turn_sessions_send_the_real_answers_back(
     assert result.summary["prefix_cache"]["hit_rate"] > 0.4
 
 
-def test_a_server_killed_mid_run_costs_no_record(tiny_model_dir: Path, tmp_path: Path) -> None:
+def test_a_server_killed_mid_run_costs_no_record(
+    tiny_model_dir: Path, tmp_path: Path, no_orphans: str
+) -> None:
     from live.server import VLLMServer
 
     server = VLLMServer(str(tiny_model_dir), LIVE_ENGINE, log_path=tmp_path / "server.log")
@@ -213,7 +215,7 @@ def test_live_run_cli_against_an_existing_server(
     assert np.isfinite(summary["ttft_s"]["p90"])
 
 
-def test_live_run_cli_launches_and_stops_its_own_server(tmp_path: Path) -> None:
+def test_live_run_cli_launches_and_stops_its_own_server(tmp_path: Path, no_orphans: str) -> None:
     repo = Path(__file__).parents[2]
     data = yaml.safe_load((repo / "scenarios/live_cpu_tiny.yaml").read_text())
     data["workload"]["num_requests"] = 15

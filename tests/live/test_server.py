@@ -9,9 +9,12 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
+import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -29,6 +32,7 @@ from live.server import (
     vllm_serve_args,
 )
 from sim.scenario import EngineSpec
+from tests.live.conftest import TEST_MARK_VAR, marked_processes, wait_until_gone
 
 httpx = pytest.importorskip("httpx")
 
@@ -131,7 +135,7 @@ def stand_in(script: str, tmp_path: Path, startup_timeout_s: float = 20) -> VLLM
     return server
 
 
-def test_start_attach_and_stop_a_healthy_server(tmp_path: Path) -> None:
+def test_start_attach_and_stop_a_healthy_server(tmp_path: Path, no_orphans: str) -> None:
     with stand_in(FAKE_SERVER, tmp_path) as server:
         assert server.alive()
         assert attach(server.url) == "fake"
@@ -146,14 +150,14 @@ def test_start_attach_and_stop_a_healthy_server(tmp_path: Path) -> None:
     assert server.stop() == server.process.returncode  # idempotent
 
 
-def test_body_raising_still_stops_the_server(tmp_path: Path) -> None:
+def test_body_raising_still_stops_the_server(tmp_path: Path, no_orphans: str) -> None:
     server = stand_in(FAKE_SERVER, tmp_path)
     with pytest.raises(RuntimeError, match="boom"), server:
         raise RuntimeError("boom")
     assert server.pid is not None and group_members(server.pid) == []
 
 
-def test_timeout_kills_the_whole_group_and_quotes_the_log(tmp_path: Path) -> None:
+def test_timeout_kills_the_whole_group_and_quotes_the_log(tmp_path: Path, no_orphans: str) -> None:
     server = stand_in(STUBBORN_SERVER, tmp_path, startup_timeout_s=2)
     start = time.monotonic()
     with pytest.raises(ServerStartError, match="not healthy after 2 s") as caught:
@@ -165,7 +169,7 @@ def test_timeout_kills_the_whole_group_and_quotes_the_log(tmp_path: Path) -> Non
     assert server.pid is not None and group_members(server.pid) == []
 
 
-def test_port_lost_after_launch_is_reported_with_the_port(tmp_path: Path) -> None:
+def test_port_lost_after_launch_is_reported_with_the_port(tmp_path: Path, no_orphans: str) -> None:
     server = stand_in(PORT_TAKEN_SERVER, tmp_path)
     with pytest.raises(ServerStartError, match=f"port {server.port} .* already in use") as caught:
         server.start()
@@ -183,6 +187,32 @@ def test_port_in_use_is_refused_before_launch(tmp_path: Path) -> None:
         with pytest.raises(ServerStartError, match=f"port {port} .*already in use"):
             server.start()
     assert server.process is None
+
+
+#: Leaves a grandchild behind in a session of its own, then exits: an orphan in the making.
+ORPHANING_PARENT = """
+import subprocess, sys
+subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"], start_new_session=True)
+"""
+
+
+def test_the_orphan_check_finds_a_process_whose_parent_is_gone(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The no_orphans fixture relies on marked_processes: it must see an orphan that left the
+    # test's process tree and group, or every orphan check would pass vacuously.
+    mark = f"self-test-{uuid.uuid4().hex}"
+    monkeypatch.setenv(TEST_MARK_VAR, mark)
+    subprocess.run([sys.executable, "-c", ORPHANING_PARENT], check=True, timeout=60)
+    left = marked_processes(mark)
+    try:
+        assert len(left) == 1
+        (pid,) = left
+        assert os.getpgid(pid) != os.getpgid(0)
+    finally:
+        for pid in left:
+            os.kill(pid, signal.SIGKILL)
+    assert wait_until_gone(mark) == {}
 
 
 def test_attach_to_nothing_is_a_clear_error() -> None:
@@ -207,6 +237,8 @@ def real_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VLLMServer
         ENGINE,
         log_path=tmp_path_factory.mktemp("vllm") / "server.log",
         served_model_name="tiny",
+        # A mark of its own: shared by several tests, it is checked when it is stopped.
+        env={TEST_MARK_VAR: f"real-server-{uuid.uuid4().hex}"},
     )
     started = time.monotonic()
     server.start()
@@ -290,16 +322,20 @@ def test_stop_leaves_no_process_of_the_group(real_server: VLLMServer) -> None:
     pgid = real_server.pid
     assert pgid is not None
     assert len(group_members(pgid)) >= 2  # the API server and vLLM's engine core, at least
+    mark = real_server.env[TEST_MARK_VAR]
+    assert len(marked_processes(mark)) >= 2
     exit_code = real_server.stop()
     assert exit_code is not None
     assert group_members(pgid) == []
+    # Nothing it started survives in any process group (the engine core included).
+    assert wait_until_gone(mark) == {}
     with pytest.raises(ProcessLookupError):
         os.killpg(pgid, 0)
     assert real_server.stop() == exit_code
 
 
 @pytest.mark.live
-def test_a_server_that_cannot_start_raises_with_its_log(tmp_path: Path) -> None:
+def test_a_server_that_cannot_start_raises_with_its_log(tmp_path: Path, no_orphans: str) -> None:
     server = VLLMServer(
         str(tmp_path / "no-such-model"),
         ENGINE,
