@@ -21,39 +21,97 @@ from collections.abc import Sequence
 
 
 class FreeBlockQueue:
-    """LRU queue of free block ids: O(1) append, pop from the head, removal from the middle.
+    """LRU queue of free blocks: O(1) append, pop from the head, removal from the middle.
 
     An insertion-ordered dict is the doubly linked list (its C implementation is several times
     faster than one kept in Python lists, and allocation is most of what a long run does).
+
+    Besides block ids, the queue holds *anonymous runs*: so many interchangeable blocks without
+    an id, freed together by a request whose blocks no other request can hit (see
+    :meth:`KVCacheManager.allocate_slots`). A run keeps its place in the LRU order, so blocks
+    with cached content are evicted exactly when they would be; it costs one entry however many
+    blocks it holds. Runs are keyed by negative numbers.
     """
 
     def __init__(self, num_blocks: int) -> None:
         self._queue: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
+        self._runs: dict[int, int] = {}  # run key (< 0) -> blocks in it
+        self._num_anonymous = 0
+        self._next_run = -1
 
     @property
     def num_free(self) -> int:
-        """Blocks in the queue."""
-        return len(self._queue)
+        """Blocks in the queue (anonymous ones included)."""
+        return len(self._queue) - len(self._runs) + self._num_anonymous
+
+    @property
+    def num_anonymous(self) -> int:
+        """Free blocks in anonymous runs."""
+        return self._num_anonymous
 
     def __contains__(self, block_id: int) -> bool:
-        return block_id in self._queue
+        return block_id >= 0 and block_id in self._queue
 
     def popleft(self) -> int:
-        """Remove and return the least recently freed block."""
-        assert self._queue, "no free blocks"
-        return self._queue.popitem(last=False)[0]
+        """Remove and return the least recently freed block (there must be no anonymous run
+        ahead of it)."""
+        ids, anonymous = self.popleft_many(1)
+        assert not anonymous, "an anonymous block has no id"
+        return ids[0]
 
-    def popleft_many(self, count: int) -> list[int]:
-        """Remove and return the ``count`` least recently freed blocks, oldest first."""
-        assert count <= len(self._queue), "not enough free blocks"
-        popitem = self._queue.popitem
-        return [popitem(False)[0] for _ in range(count)]
+    def popleft_many(self, count: int) -> tuple[list[int], int]:
+        """Remove the ``count`` least recently freed blocks: ``(their ids, oldest first; how
+        many of them were anonymous)``."""
+        assert count <= self.num_free, "not enough free blocks"
+        queue = self._queue
+        popitem = queue.popitem
+        runs = self._runs
+        if not runs:
+            return [popitem(False)[0] for _ in range(count)], 0
+        head = next(iter(queue))
+        if head < 0 and runs[head] > count:  # all from the run at the head, which goes on
+            runs[head] -= count
+            self._num_anonymous -= count
+            return [], count
+        ids: list[int] = []
+        anonymous = 0
+        while count:
+            key = popitem(False)[0]
+            if key >= 0:
+                ids.append(key)
+                count -= 1
+                continue
+            run = self._runs.pop(key)
+            take = min(run, count)
+            anonymous += take
+            count -= take
+            if run > take:  # the rest of the run stays at the head
+                self._runs[key] = run - take
+                queue[key] = None
+                queue.move_to_end(key, last=False)
+        self._num_anonymous -= anonymous
+        return ids, anonymous
 
     def extend(self, block_ids: Sequence[int]) -> None:
         """Append blocks at the tail in the given order."""
         queue = self._queue
         for block_id in block_ids:
             queue[block_id] = None
+
+    def append_anonymous(self, count: int) -> None:
+        """Append ``count`` anonymous blocks at the tail (joining a run already there)."""
+        if count <= 0:
+            return
+        queue = self._queue
+        tail = next(reversed(queue)) if queue else 0
+        if tail < 0:
+            self._runs[tail] += count
+        else:
+            key = self._next_run
+            self._next_run -= 1
+            self._runs[key] = count
+            queue[key] = None
+        self._num_anonymous += count
 
     def remove(self, block_id: int) -> None:
         """Take a block out of the queue wherever it is (a cache hit on a free block)."""
@@ -65,8 +123,13 @@ class FreeBlockQueue:
         self._queue[block_id] = None
 
     def ids(self) -> list[int]:
-        """Block ids from head (next to be evicted) to tail; for tests and debugging."""
+        """Entries from head (next to be evicted) to tail: block ids, and a negative key for each
+        anonymous run; for tests and debugging."""
         return list(self._queue)
+
+    def runs(self) -> list[int]:
+        """The sizes of the anonymous runs, head to tail; for tests and debugging."""
+        return [self._runs[key] for key in self._queue if key < 0]
 
 
 class KVCacheManager:
@@ -92,6 +155,11 @@ class KVCacheManager:
         self._key_to_block: dict[int, int] = {}
         self._request_blocks: dict[int, list[int]] = {}
         self._request_num_cached: dict[int, int] = {}
+        # Anonymous blocks: held by count (request -> blocks), and the ids they stand for.
+        # Every id is either concrete (held by requests, or free in the queue under its own id)
+        # or spare (standing for one anonymous block, free or held).
+        self._anonymous_held: dict[int, int] = {}
+        self._spare_ids: list[int] = []
         self.queries_tokens = 0
         self.hits_tokens = 0
         self.preempted_queries_tokens = 0
@@ -109,8 +177,15 @@ class KVCacheManager:
         return 1.0 - self.free_queue.num_free / self.num_blocks
 
     def blocks_of(self, request_id: int) -> list[int]:
-        """The block ids a request holds, in sequence order."""
+        """The block ids a request holds, in sequence order (none for anonymous blocks)."""
         return self._request_blocks.get(request_id, [])
+
+    def num_blocks_of(self, request_id: int) -> int:
+        """How many blocks a request holds."""
+        held = self._request_blocks.get(request_id)
+        if held is not None:
+            return len(held)
+        return self._anonymous_held.get(request_id, 0)
 
     def blocks_needed(self, num_tokens: int) -> int:
         """Blocks needed to hold ``num_tokens`` tokens."""
@@ -170,12 +245,24 @@ class KVCacheManager:
         num_computed_tokens: int,
         num_new_tokens: int,
         new_computed_blocks: Sequence[int] = (),
+        *,
+        anonymous: bool = False,
     ) -> bool:
         """Give a request blocks for ``num_new_tokens`` more tokens; False if they don't fit.
 
         ``new_computed_blocks`` are prefix-cache hits found for a request being (re)started; their
         tokens are already included in ``num_computed_tokens``. Nothing changes on failure.
+
+        ``anonymous``: no other request can ever hit this request's blocks (and it has no keys),
+        so it holds them by count, without ids: taking them off the free queue evicts what they
+        cached, as always, and freeing them puts one anonymous run at the tail. If it must be
+        registered after all (a preemption), :meth:`materialize` gives its blocks ids.
         """
+        if anonymous:
+            total = num_computed_tokens + num_new_tokens
+            if total <= self._anonymous_held.get(request_id, 0) * self.block_size:
+                return True  # fits in the blocks it holds (most decode steps)
+            return self._allocate_anonymous(request_id, total)
         total = num_computed_tokens + num_new_tokens
         if not new_computed_blocks:
             # Fast path (most decode steps): the tokens fit in the blocks already held and no
@@ -209,8 +296,65 @@ class KVCacheManager:
             self._cache_full_blocks(request_id, keys, num_computed_tokens + num_new_tokens)
         return True
 
+    def _allocate_anonymous(self, request_id: int, total: int) -> bool:
+        held = self._anonymous_held.get(request_id, 0)
+        num_new_blocks = -(-total // self.block_size) - held
+        if num_new_blocks <= 0:
+            return True
+        if num_new_blocks > self.free_queue.num_free:
+            return False
+        block_ids, _ = self.free_queue.popleft_many(num_new_blocks)
+        if block_ids:
+            self._anonymize(block_ids)
+        self._anonymous_held[request_id] = held + num_new_blocks
+        return True
+
+    def add_anonymous_blocks(self, request_ids: Sequence[int]) -> bool:
+        """One more anonymous block for each of ``request_ids`` (anonymous requests whose next
+        token opens a block), taken off the free queue at once; False, and nothing changed, if
+        there are not enough free blocks."""
+        count = len(request_ids)
+        if count > self.free_queue.num_free:
+            return False
+        block_ids, _ = self.free_queue.popleft_many(count)
+        if block_ids:
+            self._anonymize(block_ids)
+        held = self._anonymous_held
+        for request_id in request_ids:
+            held[request_id] += 1
+        return True
+
+    def _anonymize(self, block_ids: list[int]) -> None:
+        """Blocks taken by anonymous requests give up their ids (and their cached content)."""
+        block_key = self._block_key
+        key_to_block = self._key_to_block
+        for block_id in block_ids:
+            key = block_key[block_id]
+            if key is not None:
+                if key_to_block.get(key) == block_id:
+                    del key_to_block[key]
+                block_key[block_id] = None
+        self._spare_ids.extend(block_ids)
+
+    def materialize(self, request_id: int) -> None:
+        """Give a request's anonymous blocks ids (so that they can be registered and hit)."""
+        count = self._anonymous_held.pop(request_id, 0)
+        if not count:
+            return
+        spare = self._spare_ids
+        block_ids = spare[len(spare) - count :]
+        del spare[len(spare) - count :]
+        for block_id in block_ids:
+            self._ref_count[block_id] = 1
+        self._request_blocks[request_id] = block_ids
+        self._request_num_cached[request_id] = 0
+
     def free(self, request_id: int) -> None:
         """Release a request's blocks; those no longer referenced join the free queue tail-first."""
+        anonymous = self._anonymous_held.pop(request_id, 0)
+        if anonymous:
+            self.free_queue.append_anonymous(anonymous)
+            return
         held = self._request_blocks.pop(request_id, [])
         self._request_num_cached.pop(request_id, None)
         ref_count = self._ref_count
@@ -230,8 +374,13 @@ class KVCacheManager:
 
     # -- internals -------------------------------------------------------------------------
     def _pop_free_blocks(self, count: int) -> list[int]:
-        """Take ``count`` blocks off the free queue's head, evicting what they cached."""
-        block_ids = self.free_queue.popleft_many(count)
+        """Take ``count`` blocks off the free queue's head, evicting what they cached (anonymous
+        ones are given spare ids)."""
+        block_ids, anonymous = self.free_queue.popleft_many(count)
+        if anonymous:
+            spare = self._spare_ids
+            block_ids.extend(spare[len(spare) - anonymous :])
+            del spare[len(spare) - anonymous :]
         block_key = self._block_key
         key_to_block = self._key_to_block
         ref_count = self._ref_count
@@ -266,10 +415,21 @@ class KVCacheManager:
         for blocks in self._request_blocks.values():
             for block_id in blocks:
                 referenced[block_id] = referenced.get(block_id, 0) + 1
+        spare_set = set(self._spare_ids)
         for block_id in range(self.num_blocks):
             assert self._ref_count[block_id] == referenced.get(block_id, 0), block_id
-            assert (block_id in self.free_queue) == (self._ref_count[block_id] == 0), block_id
-        assert len(referenced) + self.free_queue.num_free == self.num_blocks
-        assert len(self.free_queue.ids()) == self.free_queue.num_free
+            in_queue = block_id in self.free_queue
+            assert in_queue == (self._ref_count[block_id] == 0 and block_id not in spare_set)
+        queue = self.free_queue
+        spare = self._spare_ids
+        assert len(set(spare)) == len(spare) and not set(spare) & set(referenced)
+        assert queue.num_anonymous + sum(self._anonymous_held.values()) == len(spare)
+        free_ids = [b for b in queue.ids() if b >= 0]
+        assert not set(spare) & set(free_ids)
+        assert len(referenced) + len(free_ids) + len(spare) == self.num_blocks
+        assert len(free_ids) + queue.num_anonymous == queue.num_free
+        assert sum(queue.runs()) == queue.num_anonymous
+        for block_id in spare:
+            assert self._block_key[block_id] is None and self._ref_count[block_id] == 0
         for key, block_id in self._key_to_block.items():
             assert self._block_key[block_id] == key

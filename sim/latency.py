@@ -69,27 +69,27 @@ class IterationTimeModel(Protocol):
         ...
 
 
-def decode_step_times(model: IterationTimeModel, num_seqs: int, contexts: np.ndarray) -> np.ndarray:
-    """Step times of pure-decode steps of ``num_seqs`` requests attending to ``contexts[i]``
-    tokens in all: exactly ``model.step_time`` of each, vectorised where the model can."""
-    vectorised = getattr(model, "decode_step_times", None)
-    if vectorised is not None:
-        result: np.ndarray = vectorised(num_seqs, contexts)
+def decode_step_times(
+    model: IterationTimeModel, num_seqs: int, first_context: int, count: int
+) -> list[float]:
+    """Step times of ``count`` consecutive pure-decode steps of ``num_seqs`` requests, the
+    first attending to ``first_context`` tokens in all and each next one to ``num_seqs`` more:
+    exactly ``model.step_time`` of each (a model may compute them faster, with the same
+    floating-point operations in the same order)."""
+    fast = getattr(model, "decode_step_times", None)
+    if fast is not None:
+        result: list[float] = fast(num_seqs, first_context, count)
         return result
-    return np.fromiter(
-        (
-            model.step_time(
-                BatchShape(
-                    num_decode_seqs=num_seqs,
-                    decode_context_tokens=int(context),
-                    num_sampled=num_seqs,
-                )
+    return [
+        model.step_time(
+            BatchShape(
+                num_decode_seqs=num_seqs,
+                decode_context_tokens=first_context + i * num_seqs,
+                num_sampled=num_seqs,
             )
-            for context in contexts
-        ),
-        dtype=np.float64,
-        count=len(contexts),
-    )
+        )
+        for i in range(count)
+    ]
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,13 +174,13 @@ class CalibratedModel:
             + c.per_prefill_pair_s * batch.prefill_attention_pairs
         )
 
-    def decode_step_times(self, num_seqs: int, contexts: np.ndarray) -> np.ndarray:
-        """:meth:`step_time` of pure-decode steps, term by term in the same order (so the
-        same floats)."""
+    def decode_step_times(self, num_seqs: int, first_context: int, count: int) -> list[float]:
+        """:meth:`step_time` of consecutive pure-decode steps (see :func:`decode_step_times`),
+        term by term in the same order, so the same floats."""
         c = self.coefficients
         fixed = c.step_overhead_s + c.per_prefill_token_s * 0 + c.per_decode_seq_s * num_seqs
-        result: np.ndarray = fixed + c.per_context_token_s * contexts + c.per_prefill_pair_s * 0
-        return result
+        per_context, pairs = c.per_context_token_s, c.per_prefill_pair_s * 0
+        return [fixed + per_context * (first_context + i * num_seqs) + pairs for i in range(count)]
 
 
 @dataclass(frozen=True, slots=True)
@@ -362,21 +362,24 @@ class RooflineModel:
             + self.params.step_overhead_s
         )
 
-    def decode_step_times(self, num_seqs: int, contexts: np.ndarray) -> np.ndarray:
-        """:meth:`step_time` of pure-decode steps, vectorised over their total contexts with
-        the same operations in the same order (so the same floats)."""
-        attention = np.maximum(
-            contexts * self._attn_flops_per_pair / self._attn_flops_per_s,
-            contexts * (self._kv_bytes_per_token + self._score_bytes_per_pair) / self._bytes_per_s,
-        )
-        result: np.ndarray = (
-            self.linear_time(num_seqs) + self.lm_head_time(num_seqs)
-            + attention
-            + self.communication_time(num_seqs)
-            + self.pipeline_send_time(num_seqs)
-            + self.params.step_overhead_s
-        )  # fmt: skip
-        return result
+    def decode_step_times(self, num_seqs: int, first_context: int, count: int) -> list[float]:
+        """:meth:`step_time` of consecutive pure-decode steps (see :func:`decode_step_times`),
+        with the same operations in the same order, so the same floats."""
+        linear_and_head = self.linear_time(num_seqs) + self.lm_head_time(num_seqs)
+        communication = self.communication_time(num_seqs)
+        send = self.pipeline_send_time(num_seqs)
+        overhead = self.params.step_overhead_s
+        flops_per_pair, flops_per_s = self._attn_flops_per_pair, self._attn_flops_per_s
+        bytes_per_token = self._kv_bytes_per_token + self._score_bytes_per_pair
+        bytes_per_s = self._bytes_per_s
+        times = []
+        for i in range(count):
+            context = first_context + i * num_seqs
+            attention = max(
+                context * flops_per_pair / flops_per_s, context * bytes_per_token / bytes_per_s
+            )
+            times.append(linear_and_head + attention + communication + send + overhead)
+        return times
 
     def pipeline_send_time(self, num_tokens: int) -> float:
         """Activations sent from each pipeline stage to the next (none without PP)."""

@@ -27,8 +27,11 @@ from sim.latency import IterationTimeModel, decode_step_times
 from sim.request import Record, Request, RequestStatus, block_keys, sequence_segments
 from sim.scheduler import ContinuousBatchScheduler, Scheduler, Sequence, StepPlan
 
-#: The most steps one fast-forward run plans ahead (then the scheduler plans a step again).
-MAX_RUN_STEPS = 512
+#: The most steps one fast-forward run lasts (then the scheduler plans a step again).
+MAX_RUN_STEPS = 4096
+#: Steps a run computes the times of at first; it doubles them while it goes uncut (most runs
+#: are cut short by an arrival, and a step time not needed is a step time wasted).
+FIRST_RUN_STEPS = 8
 
 
 @dataclass(slots=True, eq=False)
@@ -44,13 +47,19 @@ class _DecodeRun:
     seqs: list[Sequence]
     times: list[float]
     durations: list[float]
-    end: int  # the last step of the run (lowered when an arrival cuts it short)
+    end: int  # the last step planned so far (lowered when an arrival cuts the run short)
+    limit: int  # the last step it may reach: a request finishes, or the free blocks run out
+    context: int  # tokens step 2 attends to (each later step: one more per request)
     started: int = 1
     completed: int = 0
-    # Made when step 2 starts (many runs are cut short before): each request's computed
-    # tokens before step 1, and request indices by those tokens modulo the block size.
+    cut: bool = False
+    # Made when step 2 starts (many runs are cut short before): each request's tokens after
+    # step 1 minus one, and request indices by those numbers modulo the block size (all of
+    # them for new blocks; only those with keys for blocks to register).
     computed: list[int] = field(default_factory=list)
-    by_residue: list[list[int]] | None = None
+    opens_by_residue: list[list[int]] | None = None
+    fills_by_residue: list[list[int]] = field(default_factory=list)
+    anonymous_by_residue: list[list[int]] = field(default_factory=list)  # request ids
 
 
 class Replica:
@@ -94,7 +103,7 @@ class Replica:
             and getattr(latency_model, "deterministic", True)
         )
         self._run: _DecodeRun | None = None
-        self._cut: simpy.Event | None = None
+        self._interrupted = False  # the engine was interrupted to cut its run, not resumed yet
         self.process = env.process(
             self._engine_loop() if self.pipeline_depth == 1 else self._pipelined_loop()
         )
@@ -149,8 +158,10 @@ class Replica:
             # Something changed the scheduler's input: plan again after the step in progress.
             self.sync()
             self._run.end = self._run.started
-            if self._cut is not None and not self._cut.triggered:
-                self._cut.succeed()
+            self._run.cut = True
+            if not self._interrupted:
+                self._interrupted = True
+                self.process.interrupt()
         elif self._wakeup is not None and not self._wakeup.triggered:
             self._wakeup.succeed()
 
@@ -207,51 +218,77 @@ class Replica:
 
     # -- fast-forward -------------------------------------------------------------------------
     def _decode_run(self, plan: StepPlan, duration: float) -> _DecodeRun | None:
-        """The run of pure-decode steps that starts with ``plan``, or None if it is not one
-        (or would be a single step)."""
+        """The run of steps that starts with ``plan`` when every step after it is a pure decode
+        of the same requests, or None if it is not one (or would be a single step).
+
+        ``plan`` itself may finish prompts (an arrival's prefill beside the decodes): every row
+        must produce a token in it, and every running request must be in it."""
         batch = plan.batch
         scheduler = self.scheduler
-        num_seqs = batch.num_decode_seqs
+        rows = plan.scheduled
+        num_seqs = len(rows)
         if (
             plan.preempted
-            or batch.num_prefill_seqs
+            or batch.num_sampled != num_seqs
             or num_seqs != scheduler.num_running
             or (scheduler.num_waiting and num_seqs < scheduler.config.max_num_seqs)
         ):
-            # Not every running request decodes, or a waiting one could be admitted later
-            # (with a full batch nothing is admitted until a request finishes).
+            # A prompt chunk that is not its last, a running request left out, or a waiting
+            # one that could be admitted later (with a full batch nothing is admitted until a
+            # request finishes).
             return None
-        seqs = [seq for seq, _ in plan.scheduled]
-        # Step j produces each request's (num_generated + j)-th token: the first finish ends it.
-        steps = min(MAX_RUN_STEPS, min(s.request.output_tokens - s.num_generated for s in seqs))
+        # Step j produces each request's (num_generated + j)-th token: the first finish ends
+        # the run. Step 2 attends to every request's tokens after step 1, plus its new one.
+        steps = MAX_RUN_STEPS
+        context = 0
+        for seq, num_new in rows:
+            left = seq.request.output_tokens - seq.num_generated
+            if left < steps:
+                steps = left
+            context += seq.num_computed_tokens + num_new + 1
         if steps < 2:
             return None
         kv = self.kv
-        block_size = kv.block_size
         free = kv.num_free_blocks
         # Over steps 2..n a request opens at most (n - 2) // block_size + 1 blocks.
-        if num_seqs * ((steps - 2) // block_size + 1) > free:
-            steps = self._steps_with_room(seqs, steps, free)
+        if num_seqs * ((steps - 2) // kv.block_size + 1) > free:
+            steps = self._steps_with_room(rows, steps, free)
             if steps < 2:
                 return None
-        contexts = batch.decode_context_tokens + num_seqs * np.arange(1, steps, dtype=np.int64)
-        durations = np.empty(steps, dtype=np.float64)
-        durations[0] = duration
-        durations[1:] = decode_step_times(self.latency_model, num_seqs, contexts)
-        # np.cumsum adds left to right, as the step-by-step clock does: the same floats.
-        times = np.cumsum(np.concatenate(([self.env.now], durations)))
-        return _DecodeRun(plan, seqs, times.tolist(), durations.tolist(), end=steps)
+        seqs = [seq for seq, _ in rows]
+        now = self.env.now
+        run = _DecodeRun(plan, seqs, [now, now + duration], [duration], 1, steps, context)
+        self._plan_steps(run, FIRST_RUN_STEPS)
+        return run
 
-    def _steps_with_room(self, seqs: list[Sequence], steps: int, free: int) -> int:
+    def _plan_steps(self, run: _DecodeRun, count: int) -> None:
+        """Compute the times of up to ``count`` more steps of ``run`` (not past its limit)."""
+        last = min(run.limit, run.end + count)
+        if last <= run.end:
+            return
+        num_seqs = len(run.seqs)
+        # Step j attends to context + (j - 2) * num_seqs tokens.
+        first_context = run.context + (run.end - 1) * num_seqs
+        durations = decode_step_times(self.latency_model, num_seqs, first_context, last - run.end)
+        times = run.times
+        now = times[-1]
+        for duration in durations:  # one addition at a time, as the step-by-step clock
+            now += duration
+            times.append(now)
+        run.durations.extend(durations)
+        run.end = last
+
+    def _steps_with_room(self, rows: list[tuple[Sequence, int]], steps: int, free: int) -> int:
         """The most steps (up to ``steps``) whose new blocks fit in ``free`` blocks."""
         kv = self.kv
         block_size = kv.block_size
-        computed = np.fromiter((s.num_computed_tokens for s in seqs), np.int64, len(seqs))
-        held = np.fromiter((len(kv.blocks_of(s.request_id)) for s in seqs), np.int64, len(seqs))
+        # Step j takes a request to base + j tokens (base: its tokens after step 1, minus one).
+        base = np.fromiter((s.num_computed_tokens + n - 1 for s, n in rows), np.int64, len(rows))
+        held = np.fromiter((kv.num_blocks_of(s.request_id) for s, _ in rows), np.int64, len(rows))
 
         def blocks_needed(last_step: int) -> int:
             """New blocks that steps 2..last_step allocate (step 1's are held already)."""
-            needed = -(-(computed + last_step) // block_size) - held
+            needed = -(-(base + last_step) // block_size) - held
             return int(np.maximum(needed, 0).sum())
 
         if blocks_needed(steps) <= free:
@@ -270,20 +307,24 @@ class Replica:
         env = self.env
         self._run = run
         while True:
-            self._cut = env.event()
-            # Sterbenz: the difference is exact, so the event lands on times[end] itself.
-            done = env.timeout(max(0.0, run.times[run.end] - env.now))
-            yield done | self._cut
-            if done.processed:  # (a timeout is "triggered" from the start)
+            try:
+                # Sterbenz: the difference is exact, so the event lands on times[end] itself.
+                yield env.timeout(max(0.0, run.times[run.end] - env.now))
+            except simpy.Interrupt:
+                self._interrupted = False
+                continue  # cut short: wait for the end of the step in progress
+            if run.cut or run.end >= run.limit:
                 break
-        self._cut = None
+            self._plan_steps(run, run.end)  # uncut so far: plan as many steps again
         end = run.end
         self._sync_run(run, run.times[end])
         self._run = None
         scheduler = self.scheduler
         assert isinstance(scheduler, ContinuousBatchScheduler)
-        finished = scheduler.complete_run(run.seqs, run.times, end)
+        finished = scheduler.complete_run(run.plan.scheduled, run.times, end)
         self.output_tokens_generated += len(run.seqs)  # the last step's
+        if end == 1:
+            self.prompt_tokens_computed += run.plan.batch.num_prefill_tokens
         for seq in finished:
             self._on_finish(seq.record)
 
@@ -301,23 +342,31 @@ class Replica:
         seqs = run.seqs
         while run.started < run.end and times[run.started] <= now:
             step = run.started + 1
-            if run.by_residue is None:
-                run.computed = [seq.num_computed_tokens for seq in seqs]
-                run.by_residue = [[] for _ in range(block_size)]
-                for index, tokens in enumerate(run.computed):
-                    run.by_residue[tokens % block_size].append(index)
+            if run.opens_by_residue is None:
+                self._index_run(run, block_size)
+            assert run.opens_by_residue is not None
             computed = run.computed
-            by_residue = run.by_residue
-            # Step j takes request i to computed[i] + j tokens: it needs a new block when that
-            # is one past a block boundary, and registers a block when it fills one. Every
-            # other step takes the allocation's fast path, which changes nothing.
-            fills = by_residue[-step % block_size]
-            opens = by_residue[(1 - step) % block_size]
-            indices = sorted(fills + opens) if block_size > 1 else fills
+            # Step j (from 2) takes request i to computed[i] + j tokens: it needs a new block
+            # when that is one past a block boundary, and registers a block when it fills one
+            # (if it has keys). Every other step takes the allocation's fast path, which
+            # changes nothing. Anonymous requests' new blocks are taken in one go (which of
+            # them gets which block does not matter: they have no ids).
+            opens = run.opens_by_residue[(1 - step) % block_size]
+            fills = run.fills_by_residue[-step % block_size]
+            anonymous = run.anonymous_by_residue[(1 - step) % block_size]
+            if anonymous:
+                allocated = kv.add_anonymous_blocks(anonymous)
+                assert allocated, "a fast-forward run outgrew the free blocks"
+            if block_size == 1:
+                indices = opens
+            elif fills:
+                indices = sorted(fills + opens)
+            else:
+                indices = opens
             for index in indices:
                 seq = seqs[index]
                 allocated = kv.allocate_slots(
-                    seq.request_id, seq.keys, computed[index] + step - 1, 1
+                    seq.request_id, seq.keys, computed[index] + step - 1, 1, anonymous=seq.exclusive
                 )
                 assert allocated, "a fast-forward run outgrew the free blocks"
             run.started = step
@@ -328,6 +377,28 @@ class Replica:
         while run.completed < last_complete and times[run.completed + 1] <= now:
             run.completed += 1
             self.output_tokens_generated += len(seqs)
+            if run.completed == 1:
+                self.prompt_tokens_computed += run.plan.batch.num_prefill_tokens
+
+    @staticmethod
+    def _index_run(run: _DecodeRun, block_size: int) -> None:
+        """Which requests open or fill a block at which step, by residue (see _DecodeRun)."""
+        seqs = run.seqs
+        run.computed = [seq.num_computed_tokens + n - 1 for seq, n in run.plan.scheduled]
+        opens: list[list[int]] = [[] for _ in range(block_size)]
+        fills: list[list[int]] = [[] for _ in range(block_size)]
+        anonymous: list[list[int]] = [[] for _ in range(block_size)]
+        for index, tokens in enumerate(run.computed):
+            residue = tokens % block_size
+            seq = seqs[index]
+            if seq.exclusive:
+                anonymous[residue].append(seq.request_id)
+                continue
+            opens[residue].append(index)
+            if seq.keys:
+                fills[residue].append(index)
+        run.opens_by_residue, run.fills_by_residue = opens, fills
+        run.anonymous_by_residue = anonymous
 
     def _pipelined_loop(self) -> Generator[simpy.Event, Any, None]:
         """Pipeline parallelism: up to ``pipeline_depth`` steps in flight, as vLLM keeps one

@@ -299,6 +299,7 @@ class ContinuousBatchScheduler(_SchedulerBase):
             victim.keys = block_keys(
                 sequence_segments(request), kv.block_size, request.total_tokens
             )
+            kv.materialize(victim.request_id)
             kv.register_full_blocks(
                 victim.request_id, victim.keys, victim.num_computed_tokens + num_scheduled
             )
@@ -373,7 +374,9 @@ class ContinuousBatchScheduler(_SchedulerBase):
                 assert num_new == 1, (seq.request_id, num_new)
             assert num_new > 0
             seq_preempted = False
-            while not allocate(seq.request.request_id, seq.keys, computed, num_new):
+            while not allocate(
+                seq.request.request_id, seq.keys, computed, num_new, anonymous=seq.exclusive
+            ):
                 victim = self._pick_victim()
                 if victim is None:  # everyone else is in a running pipeline step: wait
                     seq_preempted = True
@@ -418,7 +421,12 @@ class ContinuousBatchScheduler(_SchedulerBase):
                     break
                 num_new = min(num_new, budget)
                 if not kv.allocate_slots(
-                    seq.request_id, seq.keys, num_hit, num_new, computed_blocks
+                    seq.request_id,
+                    seq.keys,
+                    num_hit,
+                    num_new,
+                    computed_blocks,
+                    anonymous=seq.exclusive,
                 ):
                     break
                 kv.record_lookup(seq.num_tokens, num_hit, preempted=seq.record.num_preemptions > 0)
@@ -441,7 +449,7 @@ class ContinuousBatchScheduler(_SchedulerBase):
     def _admit_remote(self, seq: Sequence, now: float) -> bool:
         """Allocate blocks for a prompt whose KV a prefill replica sends; False if none free."""
         prompt = seq.num_tokens - 1  # the first token came with it, its KV not computed yet
-        if not self.kv.allocate_slots(seq.request_id, seq.keys, 0, prompt):
+        if not self.kv.allocate_slots(seq.request_id, seq.keys, 0, prompt, anonymous=seq.exclusive):
             return False
         self.waiting.pop()
         seq.num_computed_tokens = prompt
@@ -466,21 +474,26 @@ class ContinuousBatchScheduler(_SchedulerBase):
         return finished
 
     def complete_run(
-        self, seqs: list[Sequence], times: Sequence_[float], num_steps: int
+        self, rows: list[tuple[Sequence, int]], times: Sequence_[float], num_steps: int
     ) -> list[Sequence]:
-        """Apply ``num_steps`` consecutive decode steps of ``seqs`` (every running request),
-        step ``j`` ending at ``times[j]``, none of them finished before the last: what
-        :meth:`complete` would have done step by step (sim/replica.py's fast-forward). Frees
-        and returns the ones that finished in the last step."""
+        """Apply ``num_steps`` consecutive steps of every running request (``rows`` is the
+        first step's plan, in which each row produces a token; after it, each step decodes one
+        token of each), step ``j`` ending at ``times[j]``, no request finished before the last:
+        what :meth:`complete` would have done step by step (sim/replica.py's fast-forward).
+        Frees and returns the requests that finished in the last step."""
         add_itl = self.add_itl
-        last_s = times[num_steps]
-        for seq in seqs:
-            add_itl(times[1] - seq.last_token_s, 1)
+        first_s, last_s = times[1], times[num_steps]
+        for seq, _ in rows:
+            if seq.num_generated == 0:
+                seq.record.first_token_s = first_s
+            else:
+                add_itl(first_s - seq.last_token_s, 1)
         for step in range(2, num_steps + 1):
-            add_itl(times[step] - times[step - 1], len(seqs))
+            add_itl(times[step] - times[step - 1], len(rows))
+        later = num_steps - 1
         finished = []
-        for seq in seqs:
-            seq.num_computed_tokens += num_steps
+        for seq, num_new in rows:
+            seq.num_computed_tokens += num_new + later
             seq.num_generated += num_steps
             seq.last_token_s = last_s
             if seq.num_generated >= seq.request.output_tokens:

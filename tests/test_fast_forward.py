@@ -23,7 +23,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from sim.hardware import get_gpu
-from sim.latency import BatchShape, CalibratedCoefficients, CalibratedModel, RooflineModel
+from sim.latency import (
+    BatchShape,
+    CalibratedCoefficients,
+    CalibratedModel,
+    ConstantStepModel,
+    RooflineModel,
+    decode_step_times,
+)
 from sim.metrics import distribution, weighted_percentiles
 from sim.models import get_model
 from sim.reference import reference_scenario
@@ -168,7 +175,7 @@ def test_generated_scenarios_give_the_same_records_in_both_modes(
         ("llama-3.1-8b", "a100-80gb-sxm", {"dtype": "int8", "quantization": "bitsandbytes"}),
     ],
 )
-def test_vectorised_decode_step_times_are_the_scalar_ones_bit_for_bit(
+def test_fast_decode_step_times_are_the_scalar_ones_bit_for_bit(
     model: str, gpu: str, options: dict[str, Any]
 ) -> None:
     roofline = RooflineModel(get_model(model), get_gpu(gpu), **options)
@@ -176,19 +183,20 @@ def test_vectorised_decode_step_times_are_the_scalar_ones_bit_for_bit(
     rng = np.random.default_rng(0)
     for latency_model in (roofline, calibrated):
         for num_seqs in (1, 7, 64, 256):
-            contexts = num_seqs * 20 + rng.integers(0, 3_000_000, 50)
-            vector = latency_model.decode_step_times(num_seqs, contexts)
+            first = int(num_seqs * 20 + rng.integers(0, 3_000_000))
+            fast = latency_model.decode_step_times(num_seqs, first, 50)
             scalar = [
                 latency_model.step_time(
                     BatchShape(
                         num_decode_seqs=num_seqs,
-                        decode_context_tokens=int(c),
+                        decode_context_tokens=first + i * num_seqs,
                         num_sampled=num_seqs,
                     )
                 )
-                for c in contexts
+                for i in range(50)
             ]
-            assert vector.tolist() == scalar
+            assert fast == scalar
+            assert decode_step_times(ConstantStepModel(0.01), num_seqs, first, 3) == [0.01] * 3
 
 
 @settings(max_examples=200, deadline=None)

@@ -172,3 +172,53 @@ def test_block_keys_are_chained_and_depend_only_on_content() -> None:
     assert a == b[:3]  # same content up to token 48
     assert c[0] == a[0] and c[1] != a[1]  # block 2 differs, and so does everything after it
     assert c[2] != a[2]
+
+
+def test_anonymous_blocks_keep_their_place_in_the_lru_order() -> None:
+    # Request 1 caches 2 blocks; exclusive request 2 holds 3 blocks by count; both finish.
+    kv = KVCacheManager(8, BLOCK, enable_prefix_caching=True)
+    assert kv.allocate_slots(1, keys_for(1, 32), 0, 32)
+    assert kv.allocate_slots(2, (), 0, 40, anonymous=True)
+    assert kv.blocks_of(2) == [] and kv.num_blocks_of(2) == 3
+    assert kv.num_free_blocks == 3
+    kv.free(1)
+    kv.free(2)
+    kv.check_invariants()
+    queue = kv.free_queue
+    # Free: never-used 5, 6, 7; then request 1's blocks tail-first; then one run of 3.
+    assert queue.ids()[:5] == [5, 6, 7, 1, 0] and queue.runs() == [3]
+    assert kv.num_free_blocks == 8 and kv.usage == 0.0
+    # Six blocks for a keyed request: the never-used three, then request 1's (evicting its
+    # cached keys, as without anonymous blocks), then one from the run, which gets a spare id.
+    assert kv.allocate_slots(3, keys_for(3, 96), 0, 96)
+    assert kv.blocks_of(3)[:5] == [5, 6, 7, 1, 0]
+    assert kv.cached_prefix_blocks(keys_for(1, 32)) == 0
+    assert queue.runs() == [2] and kv.num_free_blocks == 2
+    kv.check_invariants()
+
+
+def test_an_anonymous_request_that_must_be_registered_gets_ids() -> None:
+    kv = KVCacheManager(4, BLOCK, enable_prefix_caching=True)
+    assert kv.allocate_slots(7, (), 0, 40, anonymous=True)
+    kv.materialize(7)
+    assert len(kv.blocks_of(7)) == 3 and kv.num_blocks_of(7) == 3
+    kv.register_full_blocks(7, keys_for(7, 40), 40)
+    kv.check_invariants()
+    kv.free(7)
+    hit, tokens = kv.get_computed_blocks(keys_for(7, 40), 40)
+    assert tokens == 32 and len(hit) == 2  # its two full blocks can be hit again
+    kv.check_invariants()
+
+
+def test_anonymous_runs_merge_at_the_tail_and_split_at_the_head() -> None:
+    queue = FreeBlockQueue(2)
+    queue.append_anonymous(3)
+    queue.append_anonymous(2)
+    assert queue.runs() == [5] and queue.num_free == 7
+    assert queue.popleft_many(3) == ([0, 1], 1)
+    assert queue.runs() == [4] and queue.num_free == 4
+    queue.append(0)
+    queue.append_anonymous(1)
+    assert queue.runs() == [4, 1]
+    assert queue.popleft_many(6) == ([0], 5)
+    assert queue.num_free == 0
