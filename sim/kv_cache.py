@@ -155,10 +155,11 @@ class KVCacheManager:
         self._key_to_block: dict[int, int] = {}
         self._request_blocks: dict[int, list[int]] = {}
         self._request_num_cached: dict[int, int] = {}
-        # Anonymous blocks: held by count (request -> blocks), and the ids they stand for.
+        # Anonymous blocks: held by count (request -> blocks; read-only outside), and the ids
+        # they stand for.
         # Every id is either concrete (held by requests, or free in the queue under its own id)
         # or spare (standing for one anonymous block, free or held).
-        self._anonymous_held: dict[int, int] = {}
+        self.anonymous_held: dict[int, int] = {}
         self._spare_ids: list[int] = []
         self.queries_tokens = 0
         self.hits_tokens = 0
@@ -185,7 +186,7 @@ class KVCacheManager:
         held = self._request_blocks.get(request_id)
         if held is not None:
             return len(held)
-        return self._anonymous_held.get(request_id, 0)
+        return self.anonymous_held.get(request_id, 0)
 
     def blocks_needed(self, num_tokens: int) -> int:
         """Blocks needed to hold ``num_tokens`` tokens."""
@@ -260,7 +261,7 @@ class KVCacheManager:
         """
         if anonymous:
             total = num_computed_tokens + num_new_tokens
-            if total <= self._anonymous_held.get(request_id, 0) * self.block_size:
+            if total <= self.anonymous_held.get(request_id, 0) * self.block_size:
                 return True  # fits in the blocks it holds (most decode steps)
             return self._allocate_anonymous(request_id, total)
         total = num_computed_tokens + num_new_tokens
@@ -297,7 +298,7 @@ class KVCacheManager:
         return True
 
     def _allocate_anonymous(self, request_id: int, total: int) -> bool:
-        held = self._anonymous_held.get(request_id, 0)
+        held = self.anonymous_held.get(request_id, 0)
         num_new_blocks = -(-total // self.block_size) - held
         if num_new_blocks <= 0:
             return True
@@ -306,7 +307,7 @@ class KVCacheManager:
         block_ids, _ = self.free_queue.popleft_many(num_new_blocks)
         if block_ids:
             self._anonymize(block_ids)
-        self._anonymous_held[request_id] = held + num_new_blocks
+        self.anonymous_held[request_id] = held + num_new_blocks
         return True
 
     def add_anonymous_blocks(self, request_ids: Sequence[int]) -> bool:
@@ -319,7 +320,7 @@ class KVCacheManager:
         block_ids, _ = self.free_queue.popleft_many(count)
         if block_ids:
             self._anonymize(block_ids)
-        held = self._anonymous_held
+        held = self.anonymous_held
         for request_id in request_ids:
             held[request_id] += 1
         return True
@@ -338,7 +339,7 @@ class KVCacheManager:
 
     def materialize(self, request_id: int) -> None:
         """Give a request's anonymous blocks ids (so that they can be registered and hit)."""
-        count = self._anonymous_held.pop(request_id, 0)
+        count = self.anonymous_held.pop(request_id, 0)
         if not count:
             return
         spare = self._spare_ids
@@ -351,7 +352,7 @@ class KVCacheManager:
 
     def free(self, request_id: int) -> None:
         """Release a request's blocks; those no longer referenced join the free queue tail-first."""
-        anonymous = self._anonymous_held.pop(request_id, 0)
+        anonymous = self.anonymous_held.pop(request_id, 0)
         if anonymous:
             self.free_queue.append_anonymous(anonymous)
             return
@@ -423,7 +424,7 @@ class KVCacheManager:
         queue = self.free_queue
         spare = self._spare_ids
         assert len(set(spare)) == len(spare) and not set(spare) & set(referenced)
-        assert queue.num_anonymous + sum(self._anonymous_held.values()) == len(spare)
+        assert queue.num_anonymous + sum(self.anonymous_held.values()) == len(spare)
         free_ids = [b for b in queue.ids() if b >= 0]
         assert not set(spare) & set(free_ids)
         assert len(referenced) + len(free_ids) + len(spare) == self.num_blocks

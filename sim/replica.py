@@ -32,6 +32,7 @@ MAX_RUN_STEPS = 4096
 #: Steps a run computes the times of at first; it doubles them while it goes uncut (most runs
 #: are cut short by an arrival, and a step time not needed is a step time wasted).
 FIRST_RUN_STEPS = 8
+NO_INDICES: list[int] = []
 
 
 @dataclass(slots=True, eq=False)
@@ -57,9 +58,9 @@ class _DecodeRun:
     # step 1 minus one, and request indices by those numbers modulo the block size (all of
     # them for new blocks; only those with keys for blocks to register).
     computed: list[int] = field(default_factory=list)
-    opens_by_residue: list[list[int]] | None = None
-    fills_by_residue: list[list[int]] = field(default_factory=list)
-    anonymous_by_residue: list[list[int]] = field(default_factory=list)  # request ids
+    opens_by_residue: dict[int, list[int]] | None = None
+    fills_by_residue: dict[int, list[int]] = field(default_factory=dict)
+    anonymous_by_residue: dict[int, list[int]] = field(default_factory=dict)  # request ids
 
 
 class Replica:
@@ -351,9 +352,9 @@ class Replica:
             # (if it has keys). Every other step takes the allocation's fast path, which
             # changes nothing. Anonymous requests' new blocks are taken in one go (which of
             # them gets which block does not matter: they have no ids).
-            opens = run.opens_by_residue[(1 - step) % block_size]
-            fills = run.fills_by_residue[-step % block_size]
-            anonymous = run.anonymous_by_residue[(1 - step) % block_size]
+            opens = run.opens_by_residue.get((1 - step) % block_size, NO_INDICES)
+            fills = run.fills_by_residue.get(-step % block_size, NO_INDICES)
+            anonymous = run.anonymous_by_residue.get((1 - step) % block_size, NO_INDICES)
             if anonymous:
                 allocated = kv.add_anonymous_blocks(anonymous)
                 assert allocated, "a fast-forward run outgrew the free blocks"
@@ -385,18 +386,18 @@ class Replica:
         """Which requests open or fill a block at which step, by residue (see _DecodeRun)."""
         seqs = run.seqs
         run.computed = [seq.num_computed_tokens + n - 1 for seq, n in run.plan.scheduled]
-        opens: list[list[int]] = [[] for _ in range(block_size)]
-        fills: list[list[int]] = [[] for _ in range(block_size)]
-        anonymous: list[list[int]] = [[] for _ in range(block_size)]
+        opens: dict[int, list[int]] = {}
+        fills: dict[int, list[int]] = {}
+        anonymous: dict[int, list[int]] = {}
         for index, tokens in enumerate(run.computed):
             residue = tokens % block_size
             seq = seqs[index]
             if seq.exclusive:
-                anonymous[residue].append(seq.request_id)
+                anonymous.setdefault(residue, []).append(seq.request_id)
                 continue
-            opens[residue].append(index)
+            opens.setdefault(residue, []).append(index)
             if seq.keys:
-                fills[residue].append(index)
+                fills.setdefault(residue, []).append(index)
         run.opens_by_residue, run.fills_by_residue = opens, fills
         run.anonymous_by_residue = anonymous
 

@@ -247,7 +247,9 @@ def _shape(
     sampled = 0
     for seq, n in rows:
         computed = seq.num_computed_tokens
-        if n == 1 and seq.num_generated > 0 and computed == seq.num_tokens - 1:
+        generated = seq.num_generated
+        tokens = seq.request.prompt_tokens + generated  # seq.num_tokens, without the call
+        if n == 1 and generated > 0 and computed == tokens - 1:
             decode_seqs += 1
             decode_context += computed + 1
         else:
@@ -255,7 +257,7 @@ def _shape(
             prefill_tokens += n
             prefill_context += computed
             pairs += prefill_chunk_pairs(n, computed)
-        if computed + n == seq.num_tokens:
+        if computed + n == tokens:
             sampled += 1
     return BatchShape(
         num_prefill_tokens=prefill_tokens,
@@ -353,6 +355,8 @@ class ContinuousBatchScheduler(_SchedulerBase):
 
         running = self.running
         allocate = kv.allocate_slots
+        anonymous_held = kv.anonymous_held
+        block_size = kv.block_size
         chunked = config.enable_chunked_prefill
         track_ids = config.policy == "priority"  # only priority preemption reaches back
         emptied = False
@@ -374,8 +378,13 @@ class ContinuousBatchScheduler(_SchedulerBase):
                 assert num_new == 1, (seq.request_id, num_new)
             assert num_new > 0
             seq_preempted = False
-            while not allocate(
-                seq.request.request_id, seq.keys, computed, num_new, anonymous=seq.exclusive
+            request_id = seq.request.request_id
+            fits = (
+                seq.exclusive
+                and computed + num_new <= anonymous_held.get(request_id, 0) * block_size
+            )  # the fast path of an anonymous allocation, inline: most decodes take it
+            while not fits and not allocate(
+                request_id, seq.keys, computed, num_new, anonymous=seq.exclusive
             ):
                 victim = self._pick_victim()
                 if victim is None:  # everyone else is in a running pipeline step: wait
@@ -483,16 +492,14 @@ class ContinuousBatchScheduler(_SchedulerBase):
         Frees and returns the requests that finished in the last step."""
         add_itl = self.add_itl
         first_s, last_s = times[1], times[num_steps]
-        for seq, _ in rows:
+        later = num_steps - 1
+        finished = []
+        for seq, num_new in rows:
+            # Step 1's token (the first, or one more gap), in row order as step by step.
             if seq.num_generated == 0:
                 seq.record.first_token_s = first_s
             else:
                 add_itl(first_s - seq.last_token_s, 1)
-        for step in range(2, num_steps + 1):
-            add_itl(times[step] - times[step - 1], len(rows))
-        later = num_steps - 1
-        finished = []
-        for seq, num_new in rows:
             seq.num_computed_tokens += num_new + later
             seq.num_generated += num_steps
             seq.last_token_s = last_s
@@ -501,6 +508,8 @@ class ContinuousBatchScheduler(_SchedulerBase):
                 if not seq.hold_kv:
                     self.kv.free(seq.request_id)
                 finished.append(seq)
+        for step in range(2, num_steps + 1):
+            add_itl(times[step] - times[step - 1], len(rows))
         if finished:
             self.running = [s for s in self.running if not s.finished]
         return finished
