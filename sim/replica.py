@@ -393,7 +393,7 @@ class Replica:
             residue = tokens % block_size
             seq = seqs[index]
             if seq.exclusive:
-                anonymous.setdefault(residue, []).append(seq.request_id)
+                anonymous.setdefault(residue, []).append(seq.request.request_id)
                 continue
             opens.setdefault(residue, []).append(index)
             if seq.keys:
