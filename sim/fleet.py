@@ -108,6 +108,7 @@ class Fleet:
         self._rows: list[tuple[float, ...]] = []
         self._last = (0.0, _Totals())
         self._pending: list[tuple[Request, Record, dict[str, Any]]] = []
+        self._accepting_cache: list[FleetReplica] | None = None
         # The first stream of more than one request's sequence (None: treat all as shared).
         # A request starting with any other stream shares no block with another request.
         self.shared_sources: frozenset[int] | None = None
@@ -131,6 +132,7 @@ class Fleet:
         replica.started_s = self.env.now
         replica.hardware = hardware
         self.replicas.append(replica)
+        self._accepting_cache = None
         if startup_s > 0:
             replica.ready = False
             self.env.process(self._become_ready(replica, startup_s))
@@ -139,6 +141,7 @@ class Fleet:
     def _become_ready(self, replica: FleetReplica, startup_s: float) -> Generator[Any, Any, None]:
         yield self.env.timeout(startup_s)
         replica.ready = True
+        self._accepting_cache = None
         pending, self._pending = self._pending, []
         for request, record, options in pending:  # requests that found no replica accepting
             self.submit(request, record, **options)
@@ -146,14 +149,21 @@ class Fleet:
     def drain(self, replica: FleetReplica) -> None:
         """Stop routing to ``replica``; it finishes what it holds and then stops."""
         replica.accepting = False
+        self._accepting_cache = None
         replica.drained_s = self.env.now
         if replica.outstanding == 0:
             replica.stopped_s = self.env.now
 
     @property
     def accepting(self) -> list[FleetReplica]:
-        """Replicas the router may choose: ready and not draining."""
-        return [r for r in self.replicas if r.ready and r.accepting]
+        """Replicas the router may choose: ready and not draining (a fresh list)."""
+        return list(self._accepting())
+
+    def _accepting(self) -> list[FleetReplica]:
+        # Every arrival asks; membership changes only in add_replica, _become_ready and drain.
+        if self._accepting_cache is None:
+            self._accepting_cache = [r for r in self.replicas if r.ready and r.accepting]
+        return self._accepting_cache
 
     @property
     def starting(self) -> list[FleetReplica]:
@@ -167,7 +177,7 @@ class Fleet:
     def submit(self, request: Request, record: Record, **options: Any) -> None:
         """Route ``request`` to a replica now; it waits for one when none is ready.
         ``options`` go to :meth:`Replica.submit` (disaggregated serving)."""
-        candidates = self.accepting
+        candidates = self._accepting()
         if not candidates:
             self._pending.append((request, record, options))
             return
