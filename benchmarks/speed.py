@@ -4,7 +4,8 @@ For each scenario, the fast-forward engine and the step-by-step engine are run s
 this one invocation, each in a fresh process (so that peak RSS is its own): simulated seconds
 per wall second, requests and engine steps per wall second, peak RSS, and the speed-up of the
 fast mode. Both modes produce the same records (tests/test_fast_forward.py); the last column
-checks it here too (a digest of the records frame). Targets: R1 ≥ 1,000× real time; R2 under 60 s wall and 2 GB.
+checks it here too (a digest of the records frame). Targets: R1 ≥ 1,000× real time; R2 under
+60 s wall and 2 GB.
 
 Run: ``.venv/bin/python benchmarks/speed.py [--full] [--scale 0.1] [--fast-only]
 [--scenarios R1,R2]``.
