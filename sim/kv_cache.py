@@ -10,6 +10,12 @@ pops from the head; a finished request's blocks are appended in reverse order, s
 — the least likely to be shared — are evicted first. A free block keeps its key until it is
 popped for reuse, so it can still be hit ("touched") and taken back off the queue until then.
 
+A request that no other request can share a block with (the simulator knows the whole workload)
+may hold its blocks *anonymously*, by count: it takes them off the queue's head and gives them
+back as one anonymous run at the tail, which keeps its place in the LRU order, so what is
+evicted, and when, is exactly what it would be with ids. This only saves the simulator per-block
+work (see :meth:`KVCacheManager.allocate_slots`).
+
 Differences from vLLM kept on purpose: there is no reserved null block, and when two requests
 compute the same block concurrently only the first copy is registered under the key.
 """
