@@ -291,3 +291,20 @@ def test_fuzzed_scenarios_fail_cleanly_or_run_with_the_invariants(
     effective = scenario.model_dump(mode="json")
     effective["engine"]["max_model_len"] = simulation.max_model_len
     check_invariants(effective, simulation.scheduler.kv.num_blocks, simulation, result)
+
+
+def test_a_long_span_sampled_finely_stretches_the_interval_with_a_warning() -> None:
+    data = scenario_dict()
+    data["workload"] = {
+        "arrival": {"type": "constant", "rate": 0.01},
+        "prompt_tokens": {"type": "constant", "value": 64},
+        "output_tokens": {"type": "constant", "value": 4},
+        "num_requests": 5,  # arrivals 400 s apart
+    }
+    data["output"] = {"sample_interval_s": 0.001}  # 400,000+ samples asked for
+    with pytest.warns(UserWarning, match="output.sample_interval_s"):
+        result = build(parse_scenario(data)).run()
+    times = result.timeseries["time_s"]
+    assert times.diff().iloc[1] == pytest.approx(500 / 200_000)  # the last arrival at 500 s
+    assert len(times) <= 200_000 + 100  # and a few while the last request finishes
+    assert (result.records["status"] == "ok").all()
