@@ -308,11 +308,8 @@ class KVCacheManager:
         num_new_blocks = -(-total // self.block_size) - held
         if num_new_blocks <= 0:
             return True
-        if num_new_blocks > self.free_queue.num_free:
+        if not self._take_anonymous(num_new_blocks):
             return False
-        block_ids, _ = self.free_queue.popleft_many(num_new_blocks)
-        if block_ids:
-            self._anonymize(block_ids)
         self.anonymous_held[request_id] = held + num_new_blocks
         return True
 
@@ -320,37 +317,37 @@ class KVCacheManager:
         """One more anonymous block for each of ``request_ids`` (anonymous requests whose next
         token opens a block), taken off the free queue at once; False, and nothing changed, if
         there are not enough free blocks."""
-        count = len(request_ids)
-        if count > self.free_queue.num_free:
+        if not self._take_anonymous(len(request_ids)):
             return False
-        block_ids, _ = self.free_queue.popleft_many(count)
-        if block_ids:
-            self._anonymize(block_ids)
         held = self.anonymous_held
         for request_id in request_ids:
             held[request_id] += 1
         return True
 
-    def _anonymize(self, block_ids: list[int]) -> None:
-        """Blocks taken by anonymous requests give up their ids (and their cached content)."""
-        block_key = self._block_key
-        key_to_block = self._key_to_block
-        for block_id in block_ids:
-            key = block_key[block_id]
-            if key is not None:
-                if key_to_block.get(key) == block_id:
-                    del key_to_block[key]
-                block_key[block_id] = None
-        self._spare_ids.extend(block_ids)
+    def _take_anonymous(self, count: int) -> bool:
+        """Take ``count`` blocks off the free queue's head for anonymous requests: those with
+        an id give it up (and their cached content). False, nothing taken, if too few."""
+        if count > self.free_queue.num_free:
+            return False
+        block_ids, _ = self.free_queue.popleft_many(count)
+        if block_ids:
+            self._evict(block_ids)
+            self._spare_ids.extend(block_ids)
+        return True
+
+    def _take_spare_ids(self, count: int) -> list[int]:
+        """``count`` spare ids, for anonymous blocks that become blocks with an id."""
+        spare = self._spare_ids
+        block_ids = spare[len(spare) - count :]
+        del spare[len(spare) - count :]
+        return block_ids
 
     def materialize(self, request_id: int) -> None:
         """Give a request's anonymous blocks ids (so that they can be registered and hit)."""
         count = self.anonymous_held.pop(request_id, 0)
         if not count:
             return
-        spare = self._spare_ids
-        block_ids = spare[len(spare) - count :]
-        del spare[len(spare) - count :]
+        block_ids = self._take_spare_ids(count)
         for block_id in block_ids:
             self._ref_count[block_id] = 1
         self._request_blocks[request_id] = block_ids
@@ -384,22 +381,24 @@ class KVCacheManager:
         """Take ``count`` blocks off the free queue's head, evicting what they cached (anonymous
         ones are given spare ids)."""
         block_ids, anonymous = self.free_queue.popleft_many(count)
+        self._evict(block_ids)  # they are about to hold other tokens
         if anonymous:
-            spare = self._spare_ids
-            block_ids.extend(spare[len(spare) - anonymous :])
-            del spare[len(spare) - anonymous :]
+            block_ids.extend(self._take_spare_ids(anonymous))
+        ref_count = self._ref_count
+        for block_id in block_ids:
+            ref_count[block_id] = 1
+        return block_ids
+
+    def _evict(self, block_ids: list[int]) -> None:
+        """Forget what the blocks cached (they were taken off the free queue for reuse)."""
         block_key = self._block_key
         key_to_block = self._key_to_block
-        ref_count = self._ref_count
         for block_id in block_ids:
             key = block_key[block_id]
             if key is not None:
-                # Evict: the block is about to hold other tokens.
                 if key_to_block.get(key) == block_id:
                     del key_to_block[key]
                 block_key[block_id] = None
-            ref_count[block_id] = 1
-        return block_ids
 
     def _cache_full_blocks(self, request_id: int, keys: Sequence[int], num_tokens: int) -> None:
         held = self._request_blocks[request_id]
