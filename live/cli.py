@@ -9,13 +9,16 @@ import json
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.markup import escape
 
 from sim.console import fail, load_or_exit, milliseconds, stderr
 from sim.scenario import Scenario
+
+if TYPE_CHECKING:
+    from live.server import VLLMServer
 
 app = typer.Typer(
     help="Run workloads against a real vLLM server and record them in servesim's schema.",
@@ -57,7 +60,7 @@ def scenario_server(
 
     Yields ``(base url, served model name, vocabulary size)``.
     """
-    from live.server import EndpointError, ServerStartError, VLLMServer, attach, dtype_args
+    from live.server import EndpointError, ServerStartError, attach
 
     if (url is None) == (not launch):
         fail("give exactly one of --url URL or --launch")
@@ -80,10 +83,7 @@ def scenario_server(
         return
     assert model is not None
     try:
-        torch_dtype, extra = dtype_args(scenario.dtype, scenario.kv_cache_dtype)
-        server = VLLMServer(
-            model, scenario.engine, log_path=log_path, dtype=torch_dtype, extra_args=extra
-        )
+        server = launcher(scenario, model, log_path)
         stderr.print(f"starting vLLM ({model}); log: {log_path}", highlight=False)
         server.start()
     except (ServerStartError, ValueError) as exc:
@@ -92,6 +92,18 @@ def scenario_server(
         yield server.url, server.model_name, vocab
     finally:
         server.stop()
+
+
+def launcher(scenario: Scenario, model: str, log_path: Path) -> VLLMServer:
+    """The (not yet started) vLLM server for the scenario: its engine knobs, dtypes,
+    quantization and pipeline parallelism, flagged exactly as ``servesim`` exports them."""
+    from live.server import VLLMServer
+    from sim.serve_flags import scenario_dtype_args
+
+    torch_dtype, extra = scenario_dtype_args(scenario)
+    return VLLMServer(
+        model, scenario.engine, log_path=log_path, dtype=torch_dtype, extra_args=extra
+    )
 
 
 @app.command("tiny-model")

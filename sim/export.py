@@ -15,8 +15,8 @@ from typing import Any
 
 import yaml
 
-from live.server import dtype_args, vllm_serve_args
 from sim.scenario import Scenario
+from sim.serve_flags import scenario_dtype_args, vllm_serve_args
 
 #: The container image the Deployment runs (vLLM's OpenAI-compatible server).
 VLLM_IMAGE = "vllm/vllm-openai:latest"
@@ -46,11 +46,7 @@ def _model_id(scenario: Scenario) -> str:
 
 def serve_args(scenario: Scenario, model: str | None = None) -> list[str]:
     """The flags of ``vllm serve`` for the scenario's engine knobs, TP/PP and quantization."""
-    torch_dtype, extra = dtype_args(scenario.dtype, scenario.kv_cache_dtype)
-    if scenario.quantization == "bitsandbytes":
-        extra = [*extra, "--quantization", "bitsandbytes"]
-    if scenario.engine.pipeline_parallel_size > 1:
-        extra = [*extra, "--pipeline-parallel-size", str(scenario.engine.pipeline_parallel_size)]
+    torch_dtype, extra = scenario_dtype_args(scenario)
     return vllm_serve_args(
         model or _model_id(scenario), scenario.engine, dtype=torch_dtype, extra_args=extra
     )

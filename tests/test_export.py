@@ -110,3 +110,35 @@ def test_kubectl_accepts_the_manifests(tmp_path: Path) -> None:
         check=False,
     )
     assert result.returncode == 0, result.stderr
+
+
+def test_the_live_launcher_starts_what_the_export_prints(tmp_path: Path) -> None:
+    """`live run --launch` (and so calibrate/validate --launch) once left out PP and
+    bitsandbytes while the export had them: both now take their flags from sim.serve_flags."""
+    pytest.importorskip("httpx")
+    from live.cli import launcher
+    from sim.export import serve_args
+
+    scenario = parse_scenario(
+        scenario_dict(
+            dtype="int8",
+            quantization="bitsandbytes",
+            engine={"tensor_parallel_size": 2, "pipeline_parallel_size": 2, "block_size": 32},
+        )
+    )
+    launched = launcher(scenario, "/models/m", tmp_path / "server.log").command
+    exported = serve_args(scenario, "/models/m")
+
+    def pairs(args: list[str]) -> set[tuple[str, str]]:
+        return {
+            (word, args[i + 1] if i + 1 < len(args) and not args[i + 1].startswith("--") else "")
+            for i, word in enumerate(args)
+            if word.startswith("--")
+        }
+
+    assert ("--pipeline-parallel-size", "2") in pairs(launched)
+    assert ("--quantization", "bitsandbytes") in pairs(launched)
+    # The launcher differs only where the platform does (the CPU backend here has no
+    # --gpu-memory-utilization) and in where it listens.
+    platform = {flag for flag, _ in pairs(exported) ^ pairs(launched)}
+    assert platform <= {"--gpu-memory-utilization", "--enforce-eager", "--host", "--port"}

@@ -29,9 +29,9 @@ from live.server import (
     attach,
     free_port,
     group_members,
-    vllm_serve_args,
 )
 from sim.scenario import EngineSpec
+from sim.serve_flags import vllm_serve_args
 from tests.live.conftest import TEST_MARK_VAR, marked_processes, wait_until_gone
 
 httpx = pytest.importorskip("httpx")
