@@ -250,7 +250,7 @@ def _calibrate_from_torch(scenario: Scenario, operators: str, device: str, out: 
 def _save_and_compare(scenario: Scenario, profile: Any, out: Path, source: str) -> None:
     """Write the profile and print its step times next to the roofline's."""
     from calibration.operator_tables import canonical_batches, compare_with_roofline
-    from sim.latency import RooflineModel
+    from sim.engine.latency import RooflineModel
 
     out.parent.mkdir(parents=True, exist_ok=True)
     profile.save(out)

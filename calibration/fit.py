@@ -5,9 +5,9 @@ Two methods, for two kinds of data:
 * :func:`fit_steps` — measured *steps* (:class:`~calibration.observations.Observation`: "a step
   computing this batch took this long"). The model is linear in its coefficients, so this is a
   sign-constrained linear least-squares problem on the regressors of
-  :meth:`sim.latency.CalibratedModel.features`, plus one indicator for measurements that include
-  the server's front end. Residuals are *relative* (each row divided by its measured time), so a
-  10 ms decode step and a 1 s prefill weigh the same.
+  :meth:`sim.engine.latency.CalibratedModel.features`, plus one indicator for measurements that
+  include the server's front end. Residuals are *relative* (each row divided by its measured
+  time), so a 10 ms decode step and a 1 s prefill weigh the same.
 * :func:`fit_from_records` — only per-request benchmark records (TTFT, end-to-end latency). The
   caller supplies ``simulate(coefficients) -> records`` (a replay of the same arrivals through the
   simulator), and the coefficients are moved, in log space so they stay positive, to minimise the
@@ -31,7 +31,7 @@ from scipy.optimize import least_squares, lsq_linear
 
 from calibration.observations import Observation
 from calibration.profile import FitReport
-from sim.latency import CalibratedCoefficients, CalibratedModel
+from sim.engine.latency import CalibratedCoefficients, CalibratedModel
 
 #: Coefficient names in regressor order: CalibratedModel.features(), then the front-end indicator.
 COEFFICIENT_NAMES: tuple[str, ...] = (
@@ -230,8 +230,8 @@ def fit_from_records(
 
     ``simulate(coefficients)`` must replay the records' arrivals and lengths through the
     simulator and return its records (``request_id``, ``ttft_s``, ``e2e_s``, ``status``, as
-    :data:`sim.request.RECORD_COLUMNS`). Only ``ok`` measured requests with positive TTFT and E2E
-    are fitted. The search is a trust-region least squares over the logs of the coefficients
+    :data:`sim.engine.request.RECORD_COLUMNS`). Only ``ok`` measured requests with positive TTFT
+    and E2E are fitted. The search is a trust-region least squares over the logs of the coefficients
     (so they stay positive) starting at ``initial``; coefficients that are 0 in ``initial``
     stay 0. At most ``max_evaluations`` simulations run (finite-difference Jacobians included);
     the best coefficients seen are returned. Errors are reported over every request, points for

@@ -74,8 +74,8 @@ import numpy as np
 from calibration.observations import Observation
 from live.client import StreamResult, stream_completion
 from live.tokens import PromptTokens
-from sim.latency import BatchShape, prefill_chunk_pairs
-from sim.request import RequestStatus, SourceNamespace, source_id
+from sim.engine.latency import BatchShape, prefill_chunk_pairs
+from sim.engine.request import RequestStatus, SourceNamespace, source_id
 
 #: The second value of every measurement source id: keeps them apart from workload sources.
 MEASURE_SOURCE_TAG = -7

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sim.latency import BatchShape
+from sim.engine.latency import BatchShape
 
 
 @dataclass(frozen=True, slots=True)

@@ -74,15 +74,15 @@ from calibration.fit import fit_steps
 from calibration.observations import Observation
 from calibration.operators import OperatorTables
 from calibration.profile import SCHEMA_VERSION, EngineInfo, Profile, now_iso
-from sim.hardware import get_gpu
-from sim.latency import (
+from sim.catalog.hardware import get_gpu
+from sim.catalog.models import get_model
+from sim.engine.latency import (
     BatchShape,
     CalibratedModel,
     IterationTimeModel,
     RooflineModel,
     prefill_chunk_pairs,
 )
-from sim.models import get_model
 
 SOURCES: tuple[str, ...] = (
     "llmservingsim",

@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, Any
 import pandas as pd
 
 from calibration.profile import now_iso
-from sim.models import ModelArch
+from sim.catalog.models import ModelArch
 
 if TYPE_CHECKING:
     import torch

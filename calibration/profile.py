@@ -2,8 +2,8 @@
 
 A profile is a versioned JSON file (validated with pydantic) that says what it was measured on
 (model, hardware, tensor parallelism, dtype, engine name and version, the engine knobs in force),
-when, the coefficients of :class:`sim.latency.CalibratedModel`, how well they fit, and a summary
-of the data they were fitted on. The simulator uses one with ``latency: {profile: PATH}``.
+when, the coefficients of :class:`sim.engine.latency.CalibratedModel`, how well they fit, and a
+summary of the data they were fitted on. The simulator uses one with ``latency: {profile: PATH}``.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from sim.latency import CalibratedCoefficients
+from sim.engine.latency import CalibratedCoefficients
 from sim.scenario import Scenario
 
 SCHEMA_VERSION = 1

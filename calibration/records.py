@@ -30,12 +30,17 @@ from calibration.fit import (
 )
 from calibration.observations import Observation
 from calibration.profile import FitReport
-from sim.latency import BatchShape, CalibratedCoefficients, RooflineModel, prefill_chunk_pairs
-from sim.request import Request
+from sim.engine.latency import (
+    BatchShape,
+    CalibratedCoefficients,
+    RooflineModel,
+    prefill_chunk_pairs,
+)
+from sim.engine.request import Request
 from sim.run import build, scenario_requests
 from sim.scenario import RooflineLatencySpec, Scenario
-from sim.traces import Trace
-from sim.workload import requests_from_trace
+from sim.workload.generate import requests_from_trace
+from sim.workload.traces import Trace
 
 #: The columns a records file must have (the rest of RECORD_COLUMNS is optional here).
 REQUIRED_COLUMNS = ("request_id", "arrival_s", "prompt_tokens", "output_tokens", "ttft_s", "e2e_s")

@@ -24,7 +24,7 @@ from sim.scenario import (
     default_scenario_text,
     parse_scenario,
 )
-from sim.traces import TraceFormatError, read_trace
+from sim.workload.traces import TraceFormatError, read_trace
 
 #: Largest scenario YAML and trace accepted from an upload.
 MAX_SCENARIO_BYTES = 256 * 1024

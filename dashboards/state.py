@@ -8,9 +8,9 @@ from typing import Any
 import streamlit as st
 
 from dashboards.core import content_key, default_data, parse_data, simulate
+from sim.planning.sweep import replications
 from sim.run import SimResult
 from sim.scenario import Scenario
-from sim.sweep import replications
 
 SCENARIO = "scenario_data"
 SAVED = "saved_scenarios"

@@ -4,8 +4,8 @@ This is the only place live/ touches HTTP. :func:`stream_completion` sends one s
 (``/v1/completions`` with exact token-id prompts, or ``/v1/chat/completions`` for servers that
 offer only chat), reads the Server-Sent Events stream as it arrives, and returns a
 :class:`StreamResult` whatever happened: every fault the network or the server can produce becomes
-a :class:`~sim.request.RequestStatus` and an error message, with the tokens received before it
-kept. The one exception that escapes is :class:`asyncio.CancelledError`, because a cancelled
+a :class:`~sim.engine.request.RequestStatus` and an error message, with the tokens received before
+it kept. The one exception that escapes is :class:`asyncio.CancelledError`, because a cancelled
 replay must stop; the partial result is handed to ``on_partial`` first.
 
 No retries happen here: an open-loop replay sends each request once at its arrival time, and
@@ -29,7 +29,7 @@ from typing import Any, Literal
 
 import httpx
 
-from sim.request import RequestStatus
+from sim.engine.request import RequestStatus
 
 #: Status codes that mean "the server will never accept this request as sent" (vLLM answers 400
 #: for a prompt longer than ``max_model_len``); they end a request as REJECTED, not ERROR.

@@ -19,8 +19,8 @@ Two client-side formats are read, each checked against the source that writes it
 Both tools measure at the client, so what the server did inside is not observable:
 ``scheduled_s`` (and with it ``queue_s``) is NaN, ``replica_id`` is -1 and ``num_preemptions``
 is 0. ``arrival_s`` is when the client sent the request, relative to the first request sent.
-TTFT, TPOT and end-to-end latency come from :func:`sim.request.latency_metrics` through
-:meth:`sim.request.Record.as_row`, so an imported run is judged exactly like a simulated one.
+TTFT, TPOT and end-to-end latency come from :func:`sim.engine.request.latency_metrics` through
+:meth:`sim.engine.request.Record.as_row`, so an imported run is judged exactly like a simulated one.
 """
 
 from __future__ import annotations
@@ -35,8 +35,8 @@ from typing import Any, Literal, TypeVar
 import numpy as np
 import pandas as pd
 
-from sim.metrics import records_frame
-from sim.request import Record, RequestStatus
+from sim.engine.request import Record, RequestStatus
+from sim.report.summary import records_frame
 
 ImportFormat = Literal["auto", "vllm_bench", "guidellm"]
 
@@ -64,7 +64,7 @@ class BenchmarkImportError(ValueError):
 class ImportedRun:
     """One benchmark run read from a file, in the record schema shared by sim/ and live/.
 
-    ``records`` has exactly :data:`sim.request.RECORD_COLUMNS`, one row per request.
+    ``records`` has exactly :data:`sim.engine.request.RECORD_COLUMNS`, one row per request.
     ``itl_s`` holds every inter-token latency of the completed requests, flattened, when the
     file records them (vLLM does; GuideLLM does not, and then it is empty and
     ``metadata["itl_known"]`` is False). ``metadata`` carries what the file says about the run

@@ -35,7 +35,7 @@ import numpy as np
 
 from live.client import StreamResult, base_url, stream_completion
 from live.tokens import PromptTokens
-from sim.request import Record, Request, RequestStatus, later_turns
+from sim.engine.request import Record, Request, RequestStatus, later_turns
 
 
 class LoadGeneratorLagWarning(UserWarning):

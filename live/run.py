@@ -30,7 +30,8 @@ from live.replay import (
 )
 from live.scrape import MetricsDelta, MetricsSnapshot, metrics_delta, scrape
 from live.tokens import PromptTokens
-from sim.metrics import (
+from sim.engine.request import Request
+from sim.report.summary import (
     SLO,
     PrefixCacheCounts,
     distribution,
@@ -38,7 +39,6 @@ from sim.metrics import (
     summarize,
     token_times_frame,
 )
-from sim.request import Request
 from sim.run import scenario_requests, write_outputs
 from sim.scenario import Scenario
 

@@ -1,8 +1,8 @@
 """Exact token ids for a workload's prompts, so the server's prefix cache hits where sim's does.
 
-A prompt is a list of segments ``(source_id, num_tokens)`` (see :mod:`sim.request`); the tokens of
-a source are a deterministic pseudo-random stream. Streams are generated in fixed chunks of
-:data:`CHUNK_TOKENS`, each from its own generator seeded by ``(source_id, chunk index)``, so the
+A prompt is a list of segments ``(source_id, num_tokens)`` (see :mod:`sim.engine.request`); the
+tokens of a source are a deterministic pseudo-random stream. Streams are generated in fixed chunks
+of :data:`CHUNK_TOKENS`, each from its own generator seeded by ``(source_id, chunk index)``, so the
 first *n* tokens of a source are the same whatever length was asked for: equal segments give
 equal token ids, and vLLM's block hashes (over token ids) match the simulator's block keys.
 
@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from sim.request import Request
+from sim.engine.request import Request
 
 CHUNK_TOKENS = 64
 _MASK_64 = (1 << 64) - 1

@@ -20,20 +20,10 @@ import numpy as np
 import pandas as pd
 import simpy
 
-from sim import arrivals as arr
-from sim import lengths as lens
-from sim.autoscaler import (
-    Autoscaler,
-    AutoscalerConfig,
-    ScalingPolicy,
-    ScalingRules,
-    startup_seconds,
-)
-from sim.disagg import DisaggConfig, DisaggregatedFleet
-from sim.fleet import EngineFactory, Fleet, FleetReplica, HardwareOf, ReplicaHardware
-from sim.hardware import GPU
-from sim.kv_cache import KVCacheManager
-from sim.latency import (
+from sim.catalog.hardware import GPU
+from sim.catalog.models import ModelArch
+from sim.engine.kv_cache import KVCacheManager
+from sim.engine.latency import (
     CalibratedCoefficients,
     CalibratedModel,
     ConstantStepModel,
@@ -43,7 +33,24 @@ from sim.latency import (
     RooflineModel,
     plan_memory,
 )
-from sim.metrics import (
+from sim.engine.request import Record, Request, RequestStatus, later_turns
+from sim.engine.scheduler import (
+    ContinuousBatchScheduler,
+    Scheduler,
+    SchedulerConfig,
+    StaticBatchScheduler,
+)
+from sim.fleet.autoscaler import (
+    Autoscaler,
+    AutoscalerConfig,
+    ScalingPolicy,
+    ScalingRules,
+    startup_seconds,
+)
+from sim.fleet.disagg import DisaggConfig, DisaggregatedFleet
+from sim.fleet.pool import EngineFactory, Fleet, FleetReplica, HardwareOf, ReplicaHardware
+from sim.fleet.router import Router
+from sim.report.summary import (
     SLO,
     TIMESERIES_COLUMNS,
     PrefixCacheCounts,
@@ -52,9 +59,6 @@ from sim.metrics import (
     summarize,
     token_times_frame,
 )
-from sim.models import ModelArch
-from sim.request import Record, Request, RequestStatus, later_turns
-from sim.router import Router
 from sim.scenario import (
     ArrivalSpec,
     ConstantLatencySpec,
@@ -73,14 +77,9 @@ from sim.scenario import (
     WorkloadSpec,
     parse_scenario,
 )
-from sim.scheduler import (
-    ContinuousBatchScheduler,
-    Scheduler,
-    SchedulerConfig,
-    StaticBatchScheduler,
-)
-from sim.traces import TraceFormatError, read_trace
-from sim.workload import (
+from sim.workload import arrivals as arr
+from sim.workload import lengths as lens
+from sim.workload.generate import (
     MultiTurn,
     PrefixStructure,
     SharedPrefix,
@@ -88,6 +87,7 @@ from sim.workload import (
     generate_requests,
     requests_from_trace,
 )
+from sim.workload.traces import TraceFormatError, read_trace
 
 
 # -- scenario sections → domain objects -----------------------------------------------------

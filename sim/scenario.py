@@ -18,12 +18,12 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from pydantic_core import ErrorDetails
 
-from sim.arrivals import PiecewiseRate
-from sim.hardware import GPU, get_gpu
-from sim.latency import QuantizationWarning, RooflineParams, compute_dtype, kv_dtype_for
-from sim.lengths import LogNormalLength
-from sim.models import ModelArch, get_model, load_hf_config
-from sim.workload import MAX_REQUESTS
+from sim.catalog.hardware import GPU, get_gpu
+from sim.catalog.models import ModelArch, get_model, load_hf_config
+from sim.engine.latency import QuantizationWarning, RooflineParams, compute_dtype, kv_dtype_for
+from sim.workload.arrivals import PiecewiseRate
+from sim.workload.generate import MAX_REQUESTS
+from sim.workload.lengths import LogNormalLength
 
 
 class ScenarioError(ValueError):

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from sim.kv_cache import KVCacheManager
-from sim.request import Record, Request, SourceNamespace, block_keys, source_id
-from sim.scheduler import ContinuousBatchScheduler, SchedulerConfig, Sequence
+from sim.engine.kv_cache import KVCacheManager
+from sim.engine.request import Record, Request, SourceNamespace, block_keys, source_id
+from sim.engine.scheduler import ContinuousBatchScheduler, SchedulerConfig, Sequence
 
 
 def make_request(

@@ -45,7 +45,7 @@ def test_the_app_listens_on_localhost_only_by_default(tmp_path: Path) -> None:
 
 def test_no_unsafe_loader_anywhere_in_the_app_or_the_simulator() -> None:
     """No pickle, eval/exec, yaml.load/unsafe_load or pandas.read_pickle on anything a user
-    gives: scenarios go through yaml.safe_load and pydantic, traces through sim.traces."""
+    gives: scenarios go through yaml.safe_load and pydantic, traces through sim.workload.traces."""
     unsafe = {"eval", "exec", "load", "unsafe_load", "full_load", "read_pickle", "loads"}
     offenders = []
     for package in ("dashboards", "sim", "live", "calibration"):

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from sim.arrivals import (
+from sim.workload.arrivals import (
     ArrivalProcess,
     Constant,
     Diurnal,

@@ -10,20 +10,20 @@ import pandas as pd
 import pytest
 import simpy
 
-from sim.autoscaler import (
+from sim.engine.kv_cache import KVCacheManager
+from sim.engine.latency import ConstantStepModel
+from sim.engine.scheduler import ContinuousBatchScheduler, SchedulerConfig
+from sim.fleet.autoscaler import (
     Autoscaler,
     AutoscalerConfig,
     ScalingPolicy,
     ScalingRules,
     startup_seconds,
 )
-from sim.fleet import Fleet
-from sim.kv_cache import KVCacheManager
-from sim.latency import ConstantStepModel
-from sim.router import Router
+from sim.fleet.pool import Fleet
+from sim.fleet.router import Router
 from sim.run import build
 from sim.scenario import ScenarioError, parse_scenario
-from sim.scheduler import ContinuousBatchScheduler, SchedulerConfig
 from tests.factories import scenario_dict
 
 

@@ -18,8 +18,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
-from sim.cli import app
-from sim.request import RequestStatus
+from servesim.cli import app
+from sim.engine.request import RequestStatus
 from sim.run import build
 from sim.scenario import ScenarioError, parse_scenario
 from tests.factories import scenario_dict

@@ -16,7 +16,7 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from sim.cli import app
+from servesim.cli import app
 from tests.factories import scenario_dict
 from tests.test_profile import make_profile
 

@@ -30,10 +30,10 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
-from sim.cli import app
+from servesim.cli import app
 from sim.run import build
 from sim.scenario import parse_scenario
-from sim.traces import TraceFormatError, TraceWarning, read_trace
+from sim.workload.traces import TraceFormatError, TraceWarning, read_trace
 from tests.test_invariants import check_invariants, time_limit, tiny_cache_scenario
 
 runner = CliRunner()
@@ -376,7 +376,7 @@ def test_binary_garbage_under_any_name_is_refused(tmp_path: Path, suffix: str) -
 def servesim(*args: str) -> subprocess.Popen[str]:
     """The CLI as a user runs it, started without waiting (the cases run side by side)."""
     return subprocess.Popen(
-        [sys.executable, "-m", "sim.cli", *args],
+        [sys.executable, "-m", "servesim.cli", *args],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -460,7 +460,7 @@ def test_a_huge_trace_with_num_requests_runs_through_the_cli(
 def test_a_line_longer_than_the_limit_is_refused(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr("sim.traces.MAX_LINE_BYTES", 1000)
+    monkeypatch.setattr("sim.workload.traces.MAX_LINE_BYTES", 1000)
     path = tmp_path / "trace.csv"
     path.write_text("arrival_s,prompt_tokens,output_tokens\n0,1,1\n" + "9" * 5000 + ",1,1\n")
     with pytest.raises(TraceFormatError, match=r"trace\.csv:3: line longer than"):

@@ -11,7 +11,7 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from sim.cli import app
+from servesim.cli import app
 from tests.factories import scenario_dict
 
 runner = CliRunner()
@@ -19,7 +19,7 @@ runner = CliRunner()
 
 def servesim(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "sim.cli", *args],
+        [sys.executable, "-m", "servesim.cli", *args],
         capture_output=True,
         text=True,
         timeout=120,

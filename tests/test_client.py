@@ -21,7 +21,7 @@ from live.client import (
     parse_retry_after,
     stream_completion,
 )
-from sim.request import RequestStatus
+from sim.engine.request import RequestStatus
 from tests.fault_server import (
     CACHED_TOKENS,
     REJECT_MESSAGE,

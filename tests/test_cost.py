@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from sim.hardware import get_gpu
+from sim.catalog.hardware import get_gpu
 from sim.run import build
 from sim.scenario import ScenarioError, parse_scenario
 from tests.factories import scenario_dict

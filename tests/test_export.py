@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from sim.export import kubernetes_manifests, vllm_serve_command
+from sim.planning.export import kubernetes_manifests, vllm_serve_command
 from sim.scenario import load_scenario, parse_scenario
 from tests.factories import scenario_dict
 
@@ -117,7 +117,7 @@ def test_the_live_launcher_starts_what_the_export_prints(tmp_path: Path) -> None
     bitsandbytes while the export had them: both now take their flags from sim.serve_flags."""
     pytest.importorskip("httpx")
     from live.cli import launcher
-    from sim.export import serve_args
+    from sim.planning.export import serve_args
 
     scenario = parse_scenario(
         scenario_dict(

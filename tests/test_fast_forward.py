@@ -22,8 +22,9 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sim.hardware import get_gpu
-from sim.latency import (
+from sim.catalog.hardware import get_gpu
+from sim.catalog.models import get_model
+from sim.engine.latency import (
     BatchShape,
     CalibratedCoefficients,
     CalibratedModel,
@@ -31,9 +32,8 @@ from sim.latency import (
     RooflineModel,
     decode_step_times,
 )
-from sim.metrics import distribution, weighted_percentiles
-from sim.models import get_model
 from sim.reference import reference_scenario
+from sim.report.summary import distribution, weighted_percentiles
 from sim.run import SimResult, build
 from sim.scenario import parse_scenario
 from tests.test_invariants import run as run_with_time_limit

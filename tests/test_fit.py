@@ -18,15 +18,20 @@ from calibration.fit import (
     predict_seconds,
 )
 from calibration.observations import Observation
-from sim.arrivals import GammaArrivals
-from sim.kv_cache import KVCacheManager
-from sim.latency import BatchShape, CalibratedCoefficients, CalibratedModel, prefill_chunk_pairs
-from sim.lengths import UniformLength
-from sim.metrics import SLO
-from sim.request import Request
+from sim.engine.kv_cache import KVCacheManager
+from sim.engine.latency import (
+    BatchShape,
+    CalibratedCoefficients,
+    CalibratedModel,
+    prefill_chunk_pairs,
+)
+from sim.engine.request import Request
+from sim.engine.scheduler import ContinuousBatchScheduler, SchedulerConfig
+from sim.report.summary import SLO
 from sim.run import Simulation
-from sim.scheduler import ContinuousBatchScheduler, SchedulerConfig
-from sim.workload import generate_requests
+from sim.workload.arrivals import GammaArrivals
+from sim.workload.generate import generate_requests
+from sim.workload.lengths import UniformLength
 
 TRUTH = CalibratedCoefficients(
     step_overhead_s=0.004,

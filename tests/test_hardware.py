@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from sim.hardware import (
+from sim.catalog.hardware import (
     DTYPE_BYTES,
     GPU,
     GPU_CATALOG,
@@ -15,7 +15,7 @@ from sim.hardware import (
     get_gpu,
     gpu_names,
 )
-from sim.models import get_model
+from sim.catalog.models import get_model
 
 
 def _gpu(**overrides: object) -> GPU:

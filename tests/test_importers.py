@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 
 from live.importers import BenchmarkImportError, ImportedRun, import_records
-from sim.request import RECORD_COLUMNS
+from sim.engine.request import RECORD_COLUMNS
 
 # --- vLLM bench serve ------------------------------------------------------------------------
 

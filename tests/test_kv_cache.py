@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from sim.kv_cache import FreeBlockQueue, KVCacheManager
-from sim.request import block_keys
+from sim.engine.kv_cache import FreeBlockQueue, KVCacheManager
+from sim.engine.request import block_keys
 
 BLOCK = 16
 

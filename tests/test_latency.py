@@ -9,15 +9,15 @@ from pathlib import Path
 
 import pytest
 
-from sim.hardware import get_gpu
-from sim.latency import (
+from sim.catalog.hardware import get_gpu
+from sim.catalog.models import get_model
+from sim.engine.latency import (
     BatchShape,
     RooflineModel,
     RooflineParams,
     plan_memory,
     prefill_chunk_pairs,
 )
-from sim.models import get_model
 
 LLAMA_8B = get_model("llama-3.1-8b")
 H100 = get_gpu("h100-sxm")

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sim.lengths import (
+from sim.workload.lengths import (
     Z90,
     Clipped,
     ConstantLength,

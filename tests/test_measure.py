@@ -21,8 +21,8 @@ from calibration.measure import (
     ttft_s,
 )
 from live.client import StreamResult
-from sim.latency import BatchShape, prefill_chunk_pairs
-from sim.request import RequestStatus
+from sim.engine.latency import BatchShape, prefill_chunk_pairs
+from sim.engine.request import RequestStatus
 
 LIMITS = {"max_model_len": 2048, "max_num_seqs": 32, "max_num_batched_tokens": 2048}
 

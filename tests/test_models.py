@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from sim.models import MODEL_CATALOG, ModelArch, get_model, load_hf_config, model_names
+from sim.catalog.models import MODEL_CATALOG, ModelArch, get_model, load_hf_config, model_names
 
 
 def _arch(**overrides: Any) -> ModelArch:

@@ -23,8 +23,8 @@ from calibration.operators import (
     read_tables,
 )
 from calibration.profile import load_profile
-from sim.latency import CalibratedModel
-from sim.models import get_model
+from sim.catalog.models import get_model
+from sim.engine.latency import CalibratedModel
 from sim.run import build
 from sim.scenario import parse_scenario
 
@@ -152,7 +152,7 @@ def _scenario_file(tmp_path: Path, tp: int = 1) -> Path:
 def test_calibrate_with_torch_writes_tables_and_a_loadable_profile(tmp_path: Path) -> None:
     scenario = _scenario_file(tmp_path)
     out = tmp_path / "p.json"
-    args = [sys.executable, "-m", "sim.cli", "calibrate", str(scenario), "--out", str(out)]
+    args = [sys.executable, "-m", "servesim.cli", "calibrate", str(scenario), "--out", str(out)]
     result = subprocess.run(
         [*args, "--operators", "torch", "--device", "cpu"],
         capture_output=True,

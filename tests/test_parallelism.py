@@ -9,9 +9,9 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from sim.hardware import get_gpu
-from sim.latency import BatchShape, QuantizationWarning, RooflineModel, plan_memory
-from sim.models import get_model
+from sim.catalog.hardware import get_gpu
+from sim.catalog.models import get_model
+from sim.engine.latency import BatchShape, QuantizationWarning, RooflineModel, plan_memory
 from sim.run import build
 from sim.scenario import parse_scenario
 from tests.factories import scenario_dict

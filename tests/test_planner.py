@@ -6,7 +6,15 @@ from typing import Any
 
 import pytest
 
-from sim.planner import Candidate, breaking_load, cheapest, evaluate, grid, pareto_front, search
+from sim.planning.planner import (
+    Candidate,
+    breaking_load,
+    cheapest,
+    evaluate,
+    grid,
+    pareto_front,
+    search,
+)
 from tests.factories import scenario_dict
 
 

@@ -15,7 +15,12 @@ from calibration.profile import (
     ProfileMismatchWarning,
     load_profile,
 )
-from sim.latency import BatchShape, CalibratedCoefficients, CalibratedModel, prefill_chunk_pairs
+from sim.engine.latency import (
+    BatchShape,
+    CalibratedCoefficients,
+    CalibratedModel,
+    prefill_chunk_pairs,
+)
 from sim.run import build, run
 from sim.scenario import ScenarioError, parse_scenario
 from tests.factories import scenario_dict

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import yaml
 
-from sim.prometheus import TTFT_BUCKETS, openmetrics_backfill, scrape_text
+from sim.report.prometheus import TTFT_BUCKETS, openmetrics_backfill, scrape_text
 from sim.run import build
 from sim.scenario import parse_scenario
 from tests.factories import scenario_dict
@@ -101,7 +101,7 @@ def test_backfill_is_valid_openmetrics_in_time_order(result: Any) -> None:
 def test_run_writes_metrics_om_when_asked(tmp_path: Path) -> None:
     from typer.testing import CliRunner
 
-    from sim.cli import app
+    from servesim.cli import app
 
     scenario = tmp_path / "s.yaml"
     scenario.write_text(yaml.safe_dump(scenario_dict(output={"prometheus": True})))

@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from calibration.records import read_records, replay_requests, roofline_coefficients
-from sim.latency import CalibratedCoefficients, CalibratedModel, RooflineModel
+from sim.engine.latency import CalibratedCoefficients, CalibratedModel, RooflineModel
 from sim.run import build, scenario_requests
 from sim.scenario import parse_scenario
 from tests.factories import scenario_dict
@@ -40,7 +40,7 @@ def bursty(**workload: object) -> dict[str, object]:
 
 def calibrate(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "sim.cli", "calibrate", *args],
+        [sys.executable, "-m", "servesim.cli", "calibrate", *args],
         capture_output=True,
         text=True,
         timeout=300,

@@ -29,8 +29,8 @@ from live.replay import (
 )
 from live.run import RECORDS_META_FILE, LiveResult, read_resume, records_meta, run_live
 from live.tokens import PromptTokens
-from sim.cli import app
-from sim.request import Record, Request, RequestStatus
+from servesim.cli import app
+from sim.engine.request import Record, Request, RequestStatus
 from sim.run import scenario_requests
 from sim.scenario import Scenario, parse_scenario
 from tests.factories import scenario_dict

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from sim.request import RequestStatus
-from sim.scheduler import StepPlan
+from sim.engine.request import RequestStatus
+from sim.engine.scheduler import StepPlan
 from tests.factories import make_request, make_scheduler, make_sequence
 
 

@@ -10,7 +10,7 @@ from typing import Any
 import pandas as pd
 import pytest
 
-from sim.request import RECORD_COLUMNS
+from sim.engine.request import RECORD_COLUMNS
 from sim.run import build, run
 from sim.scenario import parse_scenario
 from tests.factories import scenario_dict

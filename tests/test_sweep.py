@@ -12,7 +12,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from sim.sweep import confidence_intervals, load_sweep, parse_sweep, run_sweep, write_table
+from sim.planning.sweep import confidence_intervals, load_sweep, parse_sweep, run_sweep, write_table
 from tests.factories import scenario_dict
 
 
@@ -95,7 +95,7 @@ def test_the_sweep_command(tmp_path: Path) -> None:
     assert len(load_sweep(sweep_file).runs) == 4
     out = tmp_path / "out.parquet"
     result = subprocess.run(
-        [sys.executable, "-m", "sim.cli", "sweep", str(sweep_file), "--out", str(out)],
+        [sys.executable, "-m", "servesim.cli", "sweep", str(sweep_file), "--out", str(out)],
         capture_output=True,
         text=True,
         timeout=300,
@@ -108,7 +108,7 @@ def test_the_sweep_command(tmp_path: Path) -> None:
     bad = tmp_path / "bad.yaml"
     bad.write_text("base: s.yaml\n")
     refused = subprocess.run(
-        [sys.executable, "-m", "sim.cli", "sweep", str(bad)],
+        [sys.executable, "-m", "servesim.cli", "sweep", str(bad)],
         capture_output=True,
         text=True,
         timeout=60,
@@ -128,7 +128,7 @@ def test_the_plan_command(tmp_path: Path) -> None:
     scenario.write_text(yaml.safe_dump(base()))
     args = ["plan", str(scenario), "--gpus", "h100-sxm,l40s", "--tp", "1", "--dtypes", "bf16"]
     result = subprocess.run(
-        [sys.executable, "-m", "sim.cli", *args, "--max-replicas", "2"],
+        [sys.executable, "-m", "servesim.cli", *args, "--max-replicas", "2"],
         capture_output=True,
         text=True,
         timeout=300,

@@ -13,8 +13,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sim.request import SourceNamespace, block_keys, source_id
-from sim.traces import (
+from sim.engine.request import SourceNamespace, block_keys, source_id
+from sim.workload.traces import (
     TRACE_FORMATS,
     Trace,
     TraceFormatError,

@@ -6,7 +6,7 @@ import streamlit as st
 
 from dashboards.core import scenario_yaml
 from dashboards.state import current_scenario
-from sim.export import kubernetes_manifests, vllm_serve_command
+from sim.planning.export import kubernetes_manifests, vllm_serve_command
 
 
 def main() -> None:

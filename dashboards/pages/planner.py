@@ -7,9 +7,9 @@ import plotly.graph_objects as go
 import streamlit as st
 
 from dashboards.state import current_scenario, scenario_data
-from sim.export import kubernetes_manifests, vllm_serve_command
-from sim.hardware import GPU_CATALOG
-from sim.planner import apply, breaking_load, cheapest, grid, pareto_front, search
+from sim.catalog.hardware import GPU_CATALOG
+from sim.planning.export import kubernetes_manifests, vllm_serve_command
+from sim.planning.planner import apply, breaking_load, cheapest, grid, pareto_front, search
 from sim.scenario import parse_scenario
 
 

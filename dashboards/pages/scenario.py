@@ -22,8 +22,8 @@ from dashboards.state import (
     scenario_data,
     set_scenario_data,
 )
-from sim.hardware import GPU_CATALOG
-from sim.models import MODEL_CATALOG
+from sim.catalog.hardware import GPU_CATALOG
+from sim.catalog.models import MODEL_CATALOG
 
 ROUTERS = ["round_robin", "random", "least_outstanding", "least_kv", "prefix_affinity"]
 

@@ -23,7 +23,7 @@ import pytest
 from live.importers import import_records
 from live.server import VLLMServer
 from live.tiny_model import ensure_tiny_model
-from sim.request import RECORD_COLUMNS
+from sim.engine.request import RECORD_COLUMNS
 from sim.scenario import EngineSpec
 
 pytestmark = pytest.mark.live

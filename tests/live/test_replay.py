@@ -22,7 +22,7 @@ import yaml
 from live.replay import ReplayOptions, Target, replay
 from live.run import run_live
 from live.tokens import PromptTokens
-from sim.request import Request, block_keys
+from sim.engine.request import Request, block_keys
 from sim.run import scenario_requests
 from sim.scenario import parse_scenario
 from tests.live.conftest import LIVE_ENGINE
@@ -192,7 +192,7 @@ def test_live_run_cli_against_an_existing_server(
         [
             sys.executable,
             "-m",
-            "sim.cli",
+            "servesim.cli",
             "live",
             "run",
             str(scenario),
@@ -222,7 +222,7 @@ def test_live_run_cli_launches_and_stops_its_own_server(tmp_path: Path, no_orpha
     scenario = tmp_path / "tiny.yaml"
     scenario.write_text(yaml.safe_dump(data))
     out = tmp_path / "out"
-    command = [sys.executable, "-m", "sim.cli", "live", "run", str(scenario), "--launch"]
+    command = [sys.executable, "-m", "servesim.cli", "live", "run", str(scenario), "--launch"]
     completed = subprocess.run(
         [*command, "--out", str(out)],
         capture_output=True,

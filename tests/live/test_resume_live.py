@@ -68,7 +68,7 @@ def test_a_run_cut_short_by_a_dead_server_resumes_on_a_fresh_one(
 
     # The resume, through the command line, against a fresh server.
     with VLLMServer(str(tiny_model_dir), LIVE_ENGINE, log_path=tmp_path / "second.log") as server:
-        command = [sys.executable, "-m", "sim.cli", "live", "run", str(path), "--resume"]
+        command = [sys.executable, "-m", "servesim.cli", "live", "run", str(path), "--resume"]
         options = ["--url", server.url, "--model", str(tiny_model_dir), "--out", str(out)]
         completed_process = subprocess.run(
             [*command, *options], capture_output=True, text=True, timeout=300, check=False

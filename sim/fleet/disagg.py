@@ -8,7 +8,7 @@ frees its copy, the first token reaches the client (so TTFT includes the transfe
 vLLM's disaggregated proxy, which answers from the decode instance), and the decode replica
 generates the rest.
 
-The pools can differ in GPU type and tensor parallelism; each is a :class:`~sim.fleet.Fleet`
+The pools can differ in GPU type and tensor parallelism; each is a :class:`~sim.fleet.pool.Fleet`
 with its own router. Decode replicas are numbered after the prefill ones, so a record's
 ``replica_id`` tells which decode replica finished it and the summary lists both pools.
 """
@@ -22,10 +22,10 @@ from typing import Any
 
 import simpy
 
-from sim.fleet import EngineFactory, Fleet, FleetReplica, HardwareOf, _Totals
-from sim.request import Record, Request, RequestStatus
-from sim.router import Router
-from sim.scheduler import Sequence
+from sim.engine.request import Record, Request, RequestStatus
+from sim.engine.scheduler import Sequence
+from sim.fleet.pool import EngineFactory, Fleet, FleetReplica, HardwareOf, _Totals
+from sim.fleet.router import Router
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from sim.request import RECORD_COLUMNS, Record, RequestStatus
+from sim.engine.request import RECORD_COLUMNS, Record, RequestStatus
 
 PERCENTILES = (50, 90, 95, 99)
 
@@ -69,8 +69,8 @@ def records_frame(records: Iterable[Record]) -> pd.DataFrame:
     """Records as a DataFrame with exactly :data:`RECORD_COLUMNS`, ordered by request id.
 
     Built column by column (one array per field, the latencies computed on whole columns with
-    the same float operations as :func:`sim.request.latency_metrics`), not row by row: a run of
-    half a million requests would otherwise build half a million dicts.
+    the same float operations as :func:`sim.engine.request.latency_metrics`), not row by row: a run
+    of half a million requests would otherwise build half a million dicts.
     """
     records = list(records)
     for record in records:

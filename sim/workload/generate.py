@@ -22,10 +22,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from sim.arrivals import ArrivalProcess
-from sim.lengths import LengthDistribution
-from sim.request import Request, Segment, SourceNamespace, source_id
-from sim.traces import Trace
+from sim.engine.request import Request, Segment, SourceNamespace, source_id
+from sim.workload.arrivals import ArrivalProcess
+from sim.workload.lengths import LengthDistribution
+from sim.workload.traces import Trace
 
 
 @dataclass(frozen=True)

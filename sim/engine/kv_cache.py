@@ -2,8 +2,8 @@
 
 The cache is a pool of ``num_blocks`` blocks of ``block_size`` tokens. A request holds a list of
 blocks covering its computed tokens. With prefix caching on, every *full* block is registered
-under its chained key (see :func:`sim.request.block_keys`); a later request whose leading keys
-match reuses those blocks instead of recomputing them.
+under its chained key (see :func:`sim.engine.request.block_keys`); a later request whose leading
+keys match reuses those blocks instead of recomputing them.
 
 Free blocks sit in an LRU queue (a doubly linked list over block ids, O(1) removal): allocation
 pops from the head; a finished request's blocks are appended in reverse order, so its tail blocks

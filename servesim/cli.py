@@ -15,10 +15,16 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from sim.catalog.hardware import GPU_CATALOG, get_gpu
+from sim.catalog.models import MODEL_CATALOG, get_model
 from sim.console import fail, load_or_exit, milliseconds, stderr, warnings_on_stderr
-from sim.hardware import GPU_CATALOG, get_gpu
-from sim.latency import BatchShape, RooflineModel, kv_dtype_for, plan_memory, prefill_chunk_pairs
-from sim.models import MODEL_CATALOG, get_model
+from sim.engine.latency import (
+    BatchShape,
+    RooflineModel,
+    kv_dtype_for,
+    plan_memory,
+    prefill_chunk_pairs,
+)
 from sim.run import build
 from sim.scenario import (
     Scenario,
@@ -179,7 +185,7 @@ def run(
         file_format: Literal["parquet", "csv"] = "csv" if fmt == "csv" else "parquet"
         written = result.write(out, file_format)
         if scenario.output.prometheus:
-            from sim.prometheus import openmetrics_backfill, write_backfill
+            from sim.report.prometheus import openmetrics_backfill, write_backfill
 
             text = openmetrics_backfill(
                 result.timeseries, result.records, model_name=scenario.resolve_model().name
@@ -188,7 +194,7 @@ def run(
         for path in written:
             stderr.print(f"wrote {path}", highlight=False)
     if num_replications > 1:
-        from sim.sweep import replications
+        from sim.planning.sweep import replications
 
         try:
             result.summary["replications"] = replications(
@@ -339,7 +345,7 @@ def _add_live_commands() -> None:
     # The live executor's and calibration's commands; heavy dependencies load when one runs.
     from calibration.cli import calibrate, validate
     from live.cli import app as live_app
-    from sim.plan_cli import plan, sweep
+    from servesim.plan_cli import plan, sweep
 
     app.add_typer(live_app, name="live")
     app.command()(calibrate)

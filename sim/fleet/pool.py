@@ -1,7 +1,7 @@
 """Replicas behind a router in one SimPy environment.
 
 A :class:`Fleet` owns the replicas (each its own scheduler, KV cache and iteration-time model,
-made by an engine factory), routes each arriving request with a :class:`~sim.router.Router`,
+made by an engine factory), routes each arriving request with a :class:`~sim.fleet.router.Router`,
 and samples the fleet into one time series. Replicas can be added (ready after a start-up delay)
 and drained (no new requests; the ones they hold finish) while the simulation runs, which is
 what an autoscaler does.
@@ -17,11 +17,11 @@ from typing import Any
 
 import simpy
 
-from sim.latency import IterationTimeModel
-from sim.replica import Replica
-from sim.request import Record, Request, block_keys, sequence_segments
-from sim.router import Router
-from sim.scheduler import Scheduler
+from sim.engine.latency import IterationTimeModel
+from sim.engine.replica import Replica
+from sim.engine.request import Record, Request, block_keys, sequence_segments
+from sim.engine.scheduler import Scheduler
+from sim.fleet.router import Router
 
 #: Makes replica ``i``'s engine: its scheduler (with its own KV cache) and step-time model.
 EngineFactory = Callable[[int], tuple[Scheduler, IterationTimeModel]]

@@ -2,8 +2,8 @@
 
 A trace gives, per request in arrival order, the prompt and output lengths, the arrival time when
 the file has one, and, when the file carries it, the identity of the prompt's content as
-segments (see :mod:`sim.request`) so that the prefix cache hits where the real system's did. The
-workload builder turns a :class:`Trace` into requests; nothing here assigns request ids.
+segments (see :mod:`sim.engine.request`) so that the prefix cache hits where the real system's
+did. The workload builder turns a :class:`Trace` into requests; nothing here assigns request ids.
 
 Formats (``read_trace(path, format)``; ``"auto"`` detects them from the first line):
 
@@ -85,7 +85,7 @@ from typing import BinaryIO
 import numpy as np
 import numpy.typing as npt
 
-from sim.request import Segment, SourceNamespace, source_id
+from sim.engine.request import Segment, SourceNamespace, source_id
 
 TRACE_FORMATS: tuple[str, ...] = (
     "azure",

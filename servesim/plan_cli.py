@@ -40,7 +40,7 @@ def sweep(
     ] = None,
 ) -> None:
     """Run a grid of scenario overrides × seeds; one table, confidence intervals per point."""
-    from sim.sweep import confidence_intervals, load_sweep, run_sweep, write_table
+    from sim.planning.sweep import confidence_intervals, load_sweep, run_sweep, write_table
 
     try:
         plan = load_sweep(sweep_path)
@@ -84,7 +84,7 @@ def sweep(
 
 
 def _metric_columns(frame: Any) -> set[str]:
-    from sim.sweep import METRICS
+    from sim.planning.sweep import METRICS
 
     return {*METRICS, *(f"{m}_ci" for m in METRICS)}
 
@@ -111,7 +111,7 @@ def plan(
     workers: Annotated[int, typer.Option(min=1)] = 2,
 ) -> None:
     """The cheapest GPU × TP × weights × replicas meeting the scenario's SLOs at its load."""
-    from sim import planner
+    from sim.planning import planner
 
     scenario = load_or_exit(scenario_path)
     data = scenario.model_dump(mode="json", exclude_none=True)

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sim.hardware import bytes_per_element
+from sim.catalog.hardware import bytes_per_element
 
 
 @dataclass(frozen=True, slots=True)

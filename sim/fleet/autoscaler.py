@@ -47,8 +47,8 @@ from typing import Any, Literal
 import numpy as np
 import simpy
 
-from sim.fleet import Fleet, FleetReplica
-from sim.request import Record, RequestStatus
+from sim.engine.request import Record, RequestStatus
+from sim.fleet.pool import Fleet, FleetReplica
 
 MetricType = Literal["ttft_ms", "waiting_per_replica", "running_per_replica", "kv_usage"]
 

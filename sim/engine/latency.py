@@ -24,8 +24,8 @@ from typing import NamedTuple, Protocol
 
 import numpy as np
 
-from sim.hardware import GPU, bytes_per_element, reported_memory_bytes
-from sim.models import ModelArch
+from sim.catalog.hardware import GPU, bytes_per_element, reported_memory_bytes
+from sim.catalog.models import ModelArch
 
 
 @dataclass(frozen=True, slots=True)

@@ -30,9 +30,9 @@ from collections.abc import Sequence as Sequence_
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
-from sim.kv_cache import KVCacheManager
-from sim.latency import BatchShape, prefill_chunk_pairs
-from sim.request import Record, Request, RequestStatus, block_keys, sequence_segments
+from sim.engine.kv_cache import KVCacheManager
+from sim.engine.latency import BatchShape, prefill_chunk_pairs
+from sim.engine.request import Record, Request, RequestStatus, block_keys, sequence_segments
 
 Policy = Literal["fcfs", "priority"]
 

@@ -23,9 +23,9 @@ from typing import Any
 import numpy as np
 import simpy
 
-from sim.latency import IterationTimeModel, decode_step_times
-from sim.request import Record, Request, RequestStatus, block_keys, sequence_segments
-from sim.scheduler import ContinuousBatchScheduler, Scheduler, Sequence, StepPlan
+from sim.engine.latency import IterationTimeModel, decode_step_times
+from sim.engine.request import Record, Request, RequestStatus, block_keys, sequence_segments
+from sim.engine.scheduler import ContinuousBatchScheduler, Scheduler, Sequence, StepPlan
 
 #: The most steps one fast-forward run lasts (then the scheduler plans a step again).
 MAX_RUN_STEPS = 4096
@@ -124,9 +124,9 @@ class Replica:
 
         ``keys`` are the prompt's chained block keys when the caller (a router) already has them.
         ``exclusive``: no other request's sequence starts like this one's (see
-        :attr:`sim.scheduler.Sequence.exclusive`), so its keys are not needed.
+        :attr:`sim.engine.scheduler.Sequence.exclusive`), so its keys are not needed.
         ``hold_kv`` and ``remote_transfer_s`` are for disaggregated serving (see
-        :class:`sim.scheduler.Sequence`): a remote sequence arrives with its first token.
+        :class:`sim.engine.scheduler.Sequence`): a remote sequence arrives with its first token.
         """
         record.replica_id = self.replica_id
         reason = self._rejection(request)
