@@ -21,8 +21,9 @@ from pathlib import Path
 from typing import Any
 
 from calibration.fit import fit_steps
-from calibration.measure import MeasurementPlan, measure, parse_budget
-from calibration.profile import EngineInfo, fitted_profile
+from calibration.measure_plan import MeasurementPlan, parse_budget
+from calibration.measure_runner import measure
+from calibration.profile import fitted_profile
 from calibration.records import fit_scenario_to_records
 from calibration.validate import ServerSide, compare
 from live.replay import Target
@@ -30,6 +31,7 @@ from live.run import run_live
 from live.server import VLLMServer
 from live.tiny_model import ensure_tiny_model
 from live.tokens import PromptTokens
+from sim.engine.profile import EngineInfo
 from sim.run import build
 from sim.scenario import EngineSpec, Scenario, parse_scenario
 

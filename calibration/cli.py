@@ -5,17 +5,14 @@ how far the simulator's predictions are from what the server does on another wor
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from dataclasses import asdict
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from live.cli import scenario_server
-from sim.console import fail, load_or_exit, stderr
+from sim.console import fail, load_or_exit, progress, stderr
 from sim.scenario import ProfileLatencySpec, Scenario
 
 
@@ -79,7 +76,8 @@ def calibrate(
             _calibrate_from_operators(scenario, operators, data_dir, out)
         return
     from calibration.fit import fit_steps
-    from calibration.measure import MeasurementPlan, measure, parse_budget
+    from calibration.measure_plan import MeasurementPlan, parse_budget
+    from calibration.measure_runner import measure
     from calibration.profile import EngineInfo, fitted_profile
     from live.tokens import PromptTokens
 
@@ -102,7 +100,7 @@ def calibrate(
         served,
         vocab,
     ):
-        with _progress_bar("measuring") as progress:
+        with progress("measuring") as update:
             measurement = measure(
                 base_url,
                 served,
@@ -110,7 +108,7 @@ def calibrate(
                 plan,
                 block_size=engine.block_size,
                 budget_s=budget_s,
-                progress=progress,
+                progress=update,
             )
         version = _server_version(base_url)
     coefficients, report = fit_steps(measurement.observations)
@@ -159,8 +157,9 @@ def _calibrate_from_records(
     scenario: Scenario, path: Path, max_simulations: int, out: Path
 ) -> None:
     """Search coefficients under which a replay of the records reproduces their latencies."""
-    from calibration.profile import EngineInfo, fitted_profile, load_profile
+    from calibration.profile import EngineInfo, fitted_profile
     from calibration.records import fit_scenario_to_records, read_records, roofline_coefficients
+    from sim.engine.profile import load_profile
 
     try:
         frame = read_records(path)
@@ -219,7 +218,7 @@ def _calibrate_from_torch(scenario: Scenario, operators: str, device: str, out: 
             except ImportError:
                 fail("--operators torch: torch is not installed; pip install 'servesim[live]'")
             tables_dir = out.with_name(out.stem + ".operators")
-            with _progress_bar("profiling") as update:
+            with progress("profiling") as update:
                 tables = profile_operators(
                     model,
                     tensor_parallel_size=tp,
@@ -273,24 +272,6 @@ def _save_and_compare(scenario: Scenario, profile: Any, out: Path, source: str) 
         )
 
 
-@contextmanager
-def _progress_bar(what: str) -> Iterator[Callable[[int, int, str], None]]:
-    with Progress(
-        TextColumn("{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        console=stderr,
-        transient=True,
-    ) as bar:
-        task = bar.add_task(what, total=None)
-
-        def update(done: int, total: int, detail: str) -> None:
-            bar.update(task, completed=done, total=total, description=f"{what} {detail}")
-
-        yield update
-
-
 def _count_kinds(observations: list[Any]) -> dict[str, int]:
     counts: dict[str, int] = {}
     for observation in observations:
@@ -319,7 +300,6 @@ def validate(
     max_hit_rate_error: Annotated[float, typer.Option(help="bound in hit-rate points")] = 0.03,
 ) -> None:
     """Simulate SCENARIO with PROFILE, run it live, print the errors; exit 1 above the bounds."""
-    from calibration.profile import load_profile
     from calibration.validate import (
         ServerSide,
         Thresholds,
@@ -330,6 +310,7 @@ def validate(
     from live.replay import Target
     from live.run import run_live
     from live.tokens import PromptTokens
+    from sim.engine.profile import load_profile
     from sim.run import build
 
     scenario = load_or_exit(scenario_path)

@@ -13,7 +13,7 @@ Two methods, for two kinds of data:
   simulator), and the coefficients are moved, in log space so they stay positive, to minimise the
   relative TTFT and E2E errors.
 
-Both return the coefficients and a :class:`~calibration.profile.FitReport`. ``FitReport.points``
+Both return the coefficients and a :class:`~sim.engine.profile.FitReport`. ``FitReport.points``
 holds numbers only (its schema is ``dict[str, float]``), so the point's kind is stored as
 ``kind_code``, an index into :data:`POINT_KINDS` (``-1`` for a kind not listed); use
 :func:`point_kind` to read it back.
@@ -30,8 +30,8 @@ import pandas as pd
 from scipy.optimize import least_squares, lsq_linear
 
 from calibration.observations import Observation
-from calibration.profile import FitReport
 from sim.engine.latency import CalibratedCoefficients, CalibratedModel
+from sim.engine.profile import FitReport
 
 #: Coefficient names in regressor order: CalibratedModel.features(), then the front-end indicator.
 COEFFICIENT_NAMES: tuple[str, ...] = (

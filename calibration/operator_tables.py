@@ -73,7 +73,7 @@ import pandas as pd
 from calibration.fit import fit_steps
 from calibration.observations import Observation
 from calibration.operators import OperatorTables
-from calibration.profile import SCHEMA_VERSION, EngineInfo, Profile, now_iso
+from calibration.profile import now_iso
 from sim.catalog.hardware import get_gpu
 from sim.catalog.models import get_model
 from sim.engine.latency import (
@@ -83,6 +83,7 @@ from sim.engine.latency import (
     RooflineModel,
     prefill_chunk_pairs,
 )
+from sim.engine.profile import SCHEMA_VERSION, EngineInfo, Profile
 
 SOURCES: tuple[str, ...] = (
     "llmservingsim",

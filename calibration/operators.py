@@ -42,6 +42,7 @@ import pandas as pd
 
 from calibration.profile import now_iso
 from sim.catalog.models import ModelArch
+from sim.files import DocumentError, read_document
 
 if TYPE_CHECKING:
     import torch
@@ -128,9 +129,9 @@ def read_tables(directory: str | Path) -> OperatorTables:
             "write one with `servesim calibrate --operators torch`"
         )
     try:
-        meta = json.loads((directory / META_FILE).read_text())
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"{directory / META_FILE}: not valid JSON ({exc.msg})") from None
+        meta = read_document(directory / META_FILE, format="json", expect=dict)
+    except DocumentError as exc:
+        raise ValueError(str(exc)) from None
     return OperatorTables(
         pd.read_csv(directory / LAYERS_FILE), pd.read_csv(directory / DECODE_FILE), meta
     )

@@ -29,13 +29,13 @@ from calibration.fit import (
     usable_records,
 )
 from calibration.observations import Observation
-from calibration.profile import FitReport
 from sim.engine.latency import (
     BatchShape,
     CalibratedCoefficients,
     RooflineModel,
     prefill_chunk_pairs,
 )
+from sim.engine.profile import FitReport
 from sim.engine.request import Request
 from sim.run import build, scenario_requests
 from sim.scenario import RooflineLatencySpec, Scenario

@@ -5,7 +5,6 @@ results of other benchmark tools. Heavy imports (httpx, torch, vLLM) happen insi
 from __future__ import annotations
 
 import contextlib
-import json
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,6 +14,7 @@ import typer
 from rich.markup import escape
 
 from sim.console import fail, load_or_exit, milliseconds, stderr
+from sim.files import DocumentError, read_document
 from sim.scenario import Scenario
 
 if TYPE_CHECKING:
@@ -38,7 +38,9 @@ def vocab_size_of(model: str | None, vocab_size: int | None) -> int:
         config = Path(model) / "config.json"
         if config.is_file():
             try:
-                return int(json.loads(config.read_text())["vocab_size"])
+                return int(read_document(config, format="json", expect=dict)["vocab_size"])
+            except DocumentError as exc:
+                fail(f"--model: cannot read vocab_size from {config}: {exc.problem}")
             except (KeyError, ValueError, TypeError) as exc:
                 fail(f"--model: cannot read vocab_size from {config}: {exc}")
     fail(

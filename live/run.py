@@ -31,6 +31,7 @@ from live.replay import (
 from live.scrape import MetricsDelta, MetricsSnapshot, metrics_delta, scrape
 from live.tokens import PromptTokens
 from sim.engine.request import Request
+from sim.files import DocumentError, read_document
 from sim.report.summary import (
     SLO,
     PrefixCacheCounts,
@@ -77,14 +78,14 @@ def read_resume(out_dir: Path, scenario: Scenario, requests: list[Request]) -> R
     if not records_path.is_file():
         raise RecordsFileError(f"no records file at {records_path}: nothing to resume")
     try:
-        meta = json.loads(meta_path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise RecordsFileError(
-            f"{meta_path} is missing, so the records in {records_path} cannot be checked "
-            "against the scenario (written by an older servesim?)"
-        ) from None
-    except (OSError, ValueError) as exc:
-        raise RecordsFileError(f"cannot read {meta_path}: {exc}") from None
+        meta = read_document(meta_path, format="json")
+    except DocumentError as exc:
+        if exc.missing:
+            raise RecordsFileError(
+                f"{meta_path} is missing, so the records in {records_path} cannot be checked "
+                "against the scenario (written by an older servesim?)"
+            ) from None
+        raise RecordsFileError(f"cannot read {meta_path}: {exc.problem}") from None
     expected = records_meta(scenario, requests)
     if not isinstance(meta, dict) or meta.get("format") != RECORDS_META_FORMAT:
         raise RecordsFileError(f"{meta_path}: not a {RECORDS_META_FORMAT} file")

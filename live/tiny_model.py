@@ -25,6 +25,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from sim.files import DocumentError, read_document
+
 #: Bump when the generator changes in a way that changes its output; it is part of the cache key.
 FORMAT_VERSION = 1
 #: The stamp written last into a finished model directory; its presence means "complete".
@@ -143,8 +145,8 @@ def write_tiny_model(
 
 def _has_stamp(directory: Path, spec: TinyModelSpec) -> bool:
     try:
-        stamp = json.loads((directory / STAMP_NAME).read_text())
-    except (OSError, ValueError):
+        stamp = read_document(directory / STAMP_NAME, format="json")
+    except DocumentError:
         return False
     return bool(stamp == spec.stamp())
 

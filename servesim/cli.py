@@ -12,19 +12,13 @@ from typing import Annotated, Any, Literal
 
 import typer
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from sim.catalog.hardware import GPU_CATALOG, get_gpu
 from sim.catalog.models import MODEL_CATALOG, get_model
-from sim.console import fail, load_or_exit, milliseconds, stderr, warnings_on_stderr
-from sim.engine.latency import (
-    BatchShape,
-    RooflineModel,
-    kv_dtype_for,
-    plan_memory,
-    prefill_chunk_pairs,
-)
+from sim.console import fail, load_or_exit, milliseconds, progress, stderr, warnings_on_stderr
+from sim.engine.latency import BatchShape, RooflineModel, prefill_chunk_pairs
+from sim.engine.memory import kv_dtype_for, plan_memory
 from sim.run import build
 from sim.scenario import (
     Scenario,
@@ -170,17 +164,8 @@ def run(
             simulation = build(scenario)
         except ValueError as exc:
             fail(str(exc))
-    with Progress(
-        TextColumn("simulating"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        console=stderr,
-        transient=True,
-        disable=as_json,
-    ) as bar:
-        task = bar.add_task("requests", total=len(simulation.requests))
-        result = simulation.run(progress=lambda done, total: bar.update(task, completed=done))
+    with progress("simulating", len(simulation.requests), disable=as_json) as update:
+        result = simulation.run(progress=update)
     if out is not None:
         file_format: Literal["parquet", "csv"] = "csv" if fmt == "csv" else "parquet"
         written = result.write(out, file_format)

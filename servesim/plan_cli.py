@@ -8,23 +8,11 @@ from typing import Annotated, Any
 
 import typer
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from sim.console import fail, load_or_exit, stderr
+from sim.console import fail, load_or_exit, progress, stderr
 
 stdout = Console(highlight=False)
-
-
-def _bar(what: str) -> Progress:
-    return Progress(
-        TextColumn(what),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        console=stderr,
-        transient=True,
-    )
 
 
 def sweep(
@@ -46,15 +34,14 @@ def sweep(
         plan = load_sweep(sweep_path)
     except ValueError as exc:
         fail(str(exc))
-    with _bar("simulating") as bar:
-        task = bar.add_task("runs", total=len(plan.runs))
+    with progress("simulating", len(plan.runs)) as update:
         try:
             table = run_sweep(
                 plan,
                 workers=workers,
                 executor="ray" if ray else "process",
                 ray_address=ray,
-                progress=lambda done, total: bar.update(task, completed=done),
+                progress=update,
             )
         except ValueError as exc:
             fail(str(exc))
@@ -125,14 +112,8 @@ def plan(
         )
     except ValueError as exc:
         fail(f"--tp: {exc}")
-    with _bar("candidates") as bar:
-        task = bar.add_task("candidates", total=len(candidates))
-        evaluations = planner.search(
-            data,
-            candidates,
-            workers=workers,
-            progress=lambda done, total: bar.update(task, completed=done),
-        )
+    with progress("candidates", len(candidates)) as update:
+        evaluations = planner.search(data, candidates, workers=workers, progress=update)
     front = planner.pareto_front(evaluations)
     breaks: dict[str, float | None] = {}
     if breaking_load:

@@ -1,5 +1,6 @@
-"""What every ``servesim`` command shares: the stderr console, a clean exit on bad input, and
-number formatting. Bad input ends with a message and exit code 2, never a traceback.
+"""What every ``servesim`` command shares: the stderr console, a clean exit on bad input, the
+progress bar, and number formatting. Bad input ends with a message and exit code 2, never a
+traceback.
 """
 
 from __future__ import annotations
@@ -14,6 +15,14 @@ from typing import NoReturn
 import typer
 from rich.console import Console
 from rich.markup import escape
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TaskID,
+    TextColumn,
+    TimeElapsedColumn,
+)
 
 from sim.scenario import Scenario, ScenarioError, default_scenario, load_scenario
 
@@ -41,6 +50,43 @@ def warnings_on_stderr() -> Iterator[None]:
                     highlight=False,
                     soft_wrap=True,
                 )
+
+
+class ProgressUpdate:
+    """The callback :func:`progress` yields: ``update(done, total, detail)``.
+
+    It moves the bar to ``done`` of ``total`` (None keeps the total it has) and, with a
+    ``detail``, shows ``"<description> <detail>"`` as the bar's text. It fits both
+    ``Callable[[int, int], None]`` and ``Callable[[int, int, str], None]`` progress hooks.
+    """
+
+    def __init__(self, bar: Progress, task: TaskID, description: str) -> None:
+        self._bar = bar
+        self._task = task
+        self._description = description
+
+    def __call__(self, done: int, total: int | None = None, detail: str = "") -> None:
+        description = f"{self._description} {detail}" if detail else self._description
+        self._bar.update(self._task, completed=done, total=total, description=description)
+
+
+@contextmanager
+def progress(
+    description: str, total: int | None = None, *, disable: bool = False
+) -> Iterator[ProgressUpdate]:
+    """A transient progress bar on stderr for the block: ``description``, the bar, ``done/total``
+    and the time elapsed. ``total`` None is an indeterminate bar until an update gives one;
+    ``disable`` draws nothing (e.g. when stdout carries JSON). Yields the update callback."""
+    with Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=stderr,
+        transient=True,
+        disable=disable,
+    ) as bar:
+        yield ProgressUpdate(bar, bar.add_task(description, total=total), description)
 
 
 def load_or_exit(path: Path | None) -> Scenario:

@@ -20,7 +20,8 @@ from pydantic_core import ErrorDetails
 
 from sim.catalog.hardware import GPU, get_gpu
 from sim.catalog.models import ModelArch, get_model, load_hf_config
-from sim.engine.latency import QuantizationWarning, RooflineParams, compute_dtype, kv_dtype_for
+from sim.engine.latency import QuantizationWarning, RooflineParams, compute_dtype
+from sim.engine.memory import kv_dtype_for
 from sim.workload.arrivals import PiecewiseRate
 from sim.workload.generate import MAX_REQUESTS
 from sim.workload.lengths import LogNormalLength

@@ -29,7 +29,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from sim.catalog.models import get_model
-from sim.engine.latency import MemoryPlan, plan_memory
+from sim.engine.memory import MemoryPlan, plan_memory
 from sim.run import SimResult, Simulation, build
 from sim.scenario import CustomGPUSpec, parse_scenario
 

@@ -11,13 +11,8 @@ import pytest
 
 from sim.catalog.hardware import get_gpu
 from sim.catalog.models import get_model
-from sim.engine.latency import (
-    BatchShape,
-    RooflineModel,
-    RooflineParams,
-    plan_memory,
-    prefill_chunk_pairs,
-)
+from sim.engine.latency import BatchShape, RooflineModel, RooflineParams, prefill_chunk_pairs
+from sim.engine.memory import plan_memory
 
 LLAMA_8B = get_model("llama-3.1-8b")
 H100 = get_gpu("h100-sxm")

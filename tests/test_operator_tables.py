@@ -19,10 +19,10 @@ from calibration.operator_tables import (
     shipped_profile,
     shipped_profile_name,
 )
-from calibration.profile import SCHEMA_VERSION, Profile, load_profile
 from sim.catalog.hardware import get_gpu
 from sim.catalog.models import get_model
 from sim.engine.latency import RooflineModel
+from sim.engine.profile import SCHEMA_VERSION, Profile, load_profile
 from sim.run import build
 from sim.scenario import parse_scenario
 from tests.factories import scenario_dict

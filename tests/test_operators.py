@@ -22,9 +22,9 @@ from calibration.operators import (
     profile_operators,
     read_tables,
 )
-from calibration.profile import load_profile
 from sim.catalog.models import get_model
 from sim.engine.latency import CalibratedModel
+from sim.engine.profile import load_profile
 from sim.run import build
 from sim.scenario import parse_scenario
 

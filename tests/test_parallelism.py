@@ -11,7 +11,8 @@ import pytest
 
 from sim.catalog.hardware import get_gpu
 from sim.catalog.models import get_model
-from sim.engine.latency import BatchShape, QuantizationWarning, RooflineModel, plan_memory
+from sim.engine.latency import BatchShape, QuantizationWarning, RooflineModel
+from sim.engine.memory import plan_memory
 from sim.run import build
 from sim.scenario import parse_scenario
 from tests.factories import scenario_dict

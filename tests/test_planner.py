@@ -74,6 +74,16 @@ def test_processes_and_one_process_agree() -> None:
     assert search(traffic(), candidates, workers=2) == search(traffic(), candidates, workers=1)
 
 
+def test_search_keeps_the_candidates_order_and_reports_progress() -> None:
+    candidates = grid(["h100-sxm", "l40s"], [1], ["bf16"], [2, 1])
+    seen: list[tuple[int, int]] = []
+    results = search(
+        traffic(), iter(candidates), workers=2, progress=lambda d, t: seen.append((d, t))
+    )
+    assert [e.candidate for e in results] == candidates
+    assert seen == [(done, len(candidates)) for done in range(1, len(candidates) + 1)]
+
+
 def test_a_model_that_does_not_fit_is_infeasible_with_its_reason() -> None:
     data = traffic()
     data["model"] = "llama-3.1-70b"

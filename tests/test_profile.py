@@ -6,7 +6,13 @@ from pathlib import Path
 
 import pytest
 
-from calibration.profile import (
+from sim.engine.latency import (
+    BatchShape,
+    CalibratedCoefficients,
+    CalibratedModel,
+    prefill_chunk_pairs,
+)
+from sim.engine.profile import (
     SCHEMA_VERSION,
     EngineInfo,
     FitReport,
@@ -14,12 +20,6 @@ from calibration.profile import (
     ProfileError,
     ProfileMismatchWarning,
     load_profile,
-)
-from sim.engine.latency import (
-    BatchShape,
-    CalibratedCoefficients,
-    CalibratedModel,
-    prefill_chunk_pairs,
 )
 from sim.run import build, run
 from sim.scenario import ScenarioError, parse_scenario

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import operator
 import subprocess
 import sys
 from pathlib import Path
@@ -12,6 +13,7 @@ import pandas as pd
 import pytest
 import yaml
 
+from sim.planning.parallel import collect, run_all
 from sim.planning.sweep import confidence_intervals, load_sweep, parse_sweep, run_sweep, write_table
 from tests.factories import scenario_dict
 
@@ -48,6 +50,47 @@ def test_a_grid_is_every_combination_times_every_seed() -> None:
 def test_bad_sweeps_name_the_field(document: dict[str, Any], message: str) -> None:
     with pytest.raises(ValueError, match=message):
         parse_sweep(document)
+
+
+def test_a_sweep_file_that_cannot_be_read_is_named_with_its_problem(tmp_path: Path) -> None:
+    missing = tmp_path / "nowhere.yaml"
+    with pytest.raises(ValueError, match=r"nowhere\.yaml: cannot read the sweep: file not found"):
+        load_sweep(missing)
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("grid: [1, 2\nseeds: [0]\n")
+    with pytest.raises(ValueError, match=r"broken\.yaml: cannot read the sweep: not valid YAML at"):
+        load_sweep(broken)
+    no_base = tmp_path / "no_base.yaml"
+    no_base.write_text("base: absent.yaml\nruns: [{dtype: fp8}]\n")
+    with pytest.raises(ValueError, match=r"sweep\.base: cannot read .*absent\.yaml: file not"):
+        load_sweep(no_base)
+
+
+@pytest.mark.parametrize("workers", [1, 3])
+def test_run_all_keeps_the_items_order_and_counts_progress(workers: int) -> None:
+    seen: list[tuple[int, int]] = []
+    items = list(range(10))
+    results = run_all(
+        operator.sub, 100, items, workers=workers, progress=lambda d, t: seen.append((d, t))
+    )
+    assert results == [100 - i for i in items]
+    assert seen == [(done, 10) for done in range(1, 11)]
+    assert run_all(operator.sub, 1, [], workers=workers) == []
+
+
+def test_collect_waits_in_order_and_lets_an_error_through() -> None:
+    seen: list[int] = []
+    assert collect(["a", "bb"], len, lambda done, total: seen.append(done)) == [1, 2]
+    assert seen == [1, 2]
+    with pytest.raises(ZeroDivisionError):
+        run_all(operator.truediv, 1, [1, 0, 2], workers=2)
+
+
+def test_run_sweep_reports_each_run() -> None:
+    sweep = parse_sweep({"base": base(), "runs": [{"fleet.replicas": 1}], "seeds": [0, 1]})
+    seen: list[tuple[int, int]] = []
+    run_sweep(sweep, workers=1, progress=lambda done, total: seen.append((done, total)))
+    assert seen == [(1, 2), (2, 2)]
 
 
 @pytest.fixture(scope="module")

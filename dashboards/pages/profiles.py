@@ -12,8 +12,8 @@ import plotly.graph_objects as go
 import streamlit as st
 
 from calibration.fit import point_kind
-from calibration.profile import Profile
 from dashboards.core import MAX_SCENARIO_BYTES
+from sim.engine.profile import Profile
 
 SHIPPED = Path(__file__).parents[2] / "profiles"
 

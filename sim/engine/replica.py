@@ -81,7 +81,7 @@ class Replica:
         on_finish: Callable[[Record], None],
     ) -> None:
         self.env = env
-        self.pipeline_depth = scheduler.config.pipeline_parallel_size
+        self.pipeline_depth = scheduler.options.pipeline_parallel_size
         self.replica_id = replica_id
         self.scheduler = scheduler
         self.kv = scheduler.kv
@@ -97,10 +97,10 @@ class Replica:
         # Fast-forward needs the continuous scheduler, one step at a time and a deterministic
         # step time (a random one would draw its samples in another order).
         self.fast_forward = (
-            scheduler.config.fast_forward
+            scheduler.options.fast_forward
             and self.pipeline_depth == 1
             and isinstance(scheduler, ContinuousBatchScheduler)
-            and not scheduler.config.record_token_times
+            and not scheduler.options.record_token_times
             and getattr(latency_model, "deterministic", True)
         )
         self._run: _DecodeRun | None = None
@@ -122,9 +122,10 @@ class Replica:
     ) -> None:
         """Accept a request now (or reject it) and wake the engine if it is idle.
 
-        ``keys`` are the prompt's chained block keys when the caller (a router) already has them.
-        ``exclusive``: no other request's sequence starts like this one's (see
-        :attr:`sim.engine.scheduler.Sequence.exclusive`), so its keys are not needed.
+        ``keys`` are the prompt's chained block keys as the fleet decided them (empty when the
+        request caches nothing); ``exclusive``: no other request's sequence starts like this
+        one's (see :attr:`sim.engine.scheduler.Sequence.exclusive`). A caller without a fleet
+        leaves ``keys`` None and the replica computes them from its own cache's settings.
         ``hold_kv`` and ``remote_transfer_s`` are for disaggregated serving (see
         :class:`sim.engine.scheduler.Sequence`): a remote sequence arrives with its first token.
         """
@@ -135,11 +136,14 @@ class Replica:
             record.error = reason
             self._on_finish(record)
             return
-        exclusive = exclusive and self.kv.enable_prefix_caching
-        if not self.kv.enable_prefix_caching or exclusive:
+        if keys is None:
+            caching = self.kv.enable_prefix_caching
+            exclusive = exclusive and caching
             keys = []
-        elif keys is None:
-            keys = block_keys(sequence_segments(request), self.kv.block_size, request.total_tokens)
+            if caching and not exclusive:
+                keys = block_keys(
+                    sequence_segments(request), self.kv.block_size, request.total_tokens
+                )
         seq = Sequence(request, record, keys, hold_kv=hold_kv, exclusive=exclusive)
         if remote_transfer_s > 0:
             seq.num_generated = 1

@@ -93,10 +93,23 @@ class SchedulerConfig:
     max_num_batched_tokens: int
     enable_chunked_prefill: bool = True
     policy: Policy = "fcfs"
-    record_token_times: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaOptions:
+    """How the simulator runs one replica, apart from vLLM's scheduling knobs.
+
+    The scheduler holds them because two are needed where it works: pipeline stages decide how
+    many groups it deals requests into, and token times are recorded where tokens are emitted.
+    The replica's engine loop reads them from its scheduler.
+    """
+
     # Pipeline stages: a replica keeps one step per stage in flight (continuous batching only).
     pipeline_parallel_size: int = 1
-    # Advance predictable runs of decode steps as one event (sim/replica.py); same records.
+    # Every token's time in the records (token_times.parquet); turns fast-forward off.
+    record_token_times: bool = False
+    # Advance predictable runs of decode steps as one event (sim/engine/replica.py); same
+    # records.
     fast_forward: bool = True
 
 
@@ -104,6 +117,7 @@ class Scheduler(Protocol):
     """What the replica's engine loop needs from a scheduler."""
 
     config: SchedulerConfig
+    options: ReplicaOptions
     kv: KVCacheManager
     itl_values: array[float]
     itl_counts: array[int]
@@ -182,8 +196,11 @@ class _SchedulerBase:
     tokens, emit tokens, finish requests).
     """
 
-    def __init__(self, config: SchedulerConfig, kv: KVCacheManager) -> None:
+    def __init__(
+        self, config: SchedulerConfig, kv: KVCacheManager, options: ReplicaOptions | None = None
+    ) -> None:
         self.config = config
+        self.options = options if options is not None else ReplicaOptions()
         self.kv = kv
         self.waiting = _WaitingQueue(config.policy)
         # Inter-token latencies, run-length encoded: ``itl_counts[i]`` tokens waited
@@ -224,7 +241,7 @@ class _SchedulerBase:
         else:
             self.add_itl(now - seq.last_token_s, 1)
         seq.last_token_s = now
-        if self.config.record_token_times:
+        if self.options.record_token_times:
             record.token_times_s.append(now)
         if seq.num_generated < seq.request.output_tokens:
             return False
@@ -273,8 +290,10 @@ def _shape(
 class ContinuousBatchScheduler(_SchedulerBase):
     """vLLM-v1-style continuous batching with chunked prefill and preemption by recompute."""
 
-    def __init__(self, config: SchedulerConfig, kv: KVCacheManager) -> None:
-        super().__init__(config, kv)
+    def __init__(
+        self, config: SchedulerConfig, kv: KVCacheManager, options: ReplicaOptions | None = None
+    ) -> None:
+        super().__init__(config, kv, options)
         self.running: list[Sequence] = []
         # Pipeline parallelism: requests are dealt into one group per stage as they are admitted
         # (vLLM's virtual engines) and each step serves one group in turn, so that a step per
@@ -334,7 +353,7 @@ class ContinuousBatchScheduler(_SchedulerBase):
     def schedule(self, now: float) -> StepPlan | None:
         """Plan one step: running requests first, then admissions if nothing was preempted.
         Under pipeline parallelism the step serves the next group that has work."""
-        groups = self.config.pipeline_parallel_size
+        groups = self.options.pipeline_parallel_size
         if groups == 1:
             return self._schedule(now, None)
         for attempt in range(groups):
@@ -518,8 +537,14 @@ class ContinuousBatchScheduler(_SchedulerBase):
 class StaticBatchScheduler(_SchedulerBase):
     """Static batching (``batch_window_s == 0``) or dynamic time-window batching (``> 0``)."""
 
-    def __init__(self, config: SchedulerConfig, kv: KVCacheManager, batch_window_s: float = 0.0):
-        super().__init__(config, kv)
+    def __init__(
+        self,
+        config: SchedulerConfig,
+        kv: KVCacheManager,
+        batch_window_s: float = 0.0,
+        options: ReplicaOptions | None = None,
+    ):
+        super().__init__(config, kv, options)
         self.batch_window_s = batch_window_s
         self.batch: list[Sequence] = []
 

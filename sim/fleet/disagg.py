@@ -26,6 +26,7 @@ from sim.engine.request import Record, Request, RequestStatus
 from sim.engine.scheduler import Sequence
 from sim.fleet.pool import EngineFactory, Fleet, FleetReplica, HardwareOf, _Totals
 from sim.fleet.router import Router
+from sim.fleet.timeseries import Sample
 
 
 @dataclass(frozen=True)
@@ -87,7 +88,7 @@ class DisaggregatedFleet:
         self.router = config.prefill_router
         self._pending: dict[int, tuple[Request, Record]] = {}
         self.transfer_s: list[float] = []
-        self._rows: list[tuple[float, ...]] = []
+        self._rows: list[Sample] = []
 
     @property
     def replicas(self) -> list[FleetReplica]:
@@ -148,28 +149,30 @@ class DisaggregatedFleet:
         self.prefill.sample(now, num_finished, num_ok)
         self.decode.sample(now, num_finished, num_ok)
         p, d = self.prefill.rows[-1], self.decode.rows[-1]
-        n_p, n_d = max(1.0, p[10]), max(1.0, d[10])
+        n_p, n_d = max(1.0, p.num_replicas), max(1.0, d.num_replicas)
         self._rows.append(
-            (
-                now,
-                p[1] + d[1],
-                p[2] + d[2],
-                (p[3] * n_p + d[3] * n_d) / (n_p + n_d),
-                p[4],  # prefix-cache lookups happen on the prefill side
-                p[5] + d[5],
-                p[6] + d[6],
-                (p[7] * n_p + d[7] * n_d) / (n_p + n_d),
-                num_finished,
-                num_ok,
-                p[10] + d[10],
-                p[11] + d[11],
-                p[12] + d[12],
-                p[13] + d[13],
+            Sample(
+                time_s=now,
+                num_requests_waiting=p.num_requests_waiting + d.num_requests_waiting,
+                num_requests_running=p.num_requests_running + d.num_requests_running,
+                kv_cache_usage=(p.kv_cache_usage * n_p + d.kv_cache_usage * n_d) / (n_p + n_d),
+                # prefix-cache lookups happen on the prefill side
+                prefix_cache_hit_rate=p.prefix_cache_hit_rate,
+                prompt_tokens_per_s=p.prompt_tokens_per_s + d.prompt_tokens_per_s,
+                output_tokens_per_s=p.output_tokens_per_s + d.output_tokens_per_s,
+                busy_fraction=(p.busy_fraction * n_p + d.busy_fraction * n_d) / (n_p + n_d),
+                num_finished=num_finished,
+                num_ok=num_ok,
+                num_replicas=p.num_replicas + d.num_replicas,
+                num_replicas_starting=p.num_replicas_starting + d.num_replicas_starting,
+                num_replicas_draining=p.num_replicas_draining + d.num_replicas_draining,
+                cost_usd_per_hour=p.cost_usd_per_hour + d.cost_usd_per_hour,
             )
         )
 
     @property
-    def rows(self) -> list[tuple[float, ...]]:
+    def rows(self) -> list[Sample]:
+        """The fleet-wide time series, one :class:`Sample` per sampling instant."""
         return self._rows
 
     def replica_summary(self, end_s: float) -> list[dict[str, Any]]:

@@ -22,6 +22,7 @@ from sim.engine.replica import Replica
 from sim.engine.request import Record, Request, block_keys, sequence_segments
 from sim.engine.scheduler import Scheduler
 from sim.fleet.router import Router
+from sim.fleet.timeseries import Sample
 
 #: Makes replica ``i``'s engine: its scheduler (with its own KV cache) and step-time model.
 EngineFactory = Callable[[int], tuple[Scheduler, IterationTimeModel]]
@@ -105,7 +106,7 @@ class Fleet:
         self.id_offset = id_offset  # replica ids start here (a second pool numbers on)
         self.hardware = hardware or (lambda i: ReplicaHardware())
         self.replicas: list[FleetReplica] = []
-        self._rows: list[tuple[float, ...]] = []
+        self._rows: list[Sample] = []
         self._last = (0.0, _Totals())
         self._pending: list[tuple[Request, Record, dict[str, Any]]] = []
         self._accepting_cache: list[FleetReplica] | None = None
@@ -181,23 +182,26 @@ class Fleet:
         if not candidates:
             self._pending.append((request, record, options))
             return
-        exclusive = self.shared_sources is not None and (
-            not request.segments or request.segments[0][0] not in self.shared_sources
-        )
-        keys = self._keys(request, candidates[0], exclusive)
-        prompt_blocks = request.prompt_tokens // candidates[0].kv.block_size
+        kv = candidates[0].kv
+        caching = kv.enable_prefix_caching  # decided once, when the fleet's engines were built
+        exclusive = caching and self._exclusive(request)
+        cached = caching and not exclusive
+        # Prefix affinity places even a request that caches nothing by its first keys.
+        keys: list[int] = []
+        if cached or self.router.policy == "prefix_affinity":
+            keys = block_keys(sequence_segments(request), kv.block_size, request.total_tokens)
+        prompt_blocks = request.prompt_tokens // kv.block_size
         chosen = self.router.choose(candidates, keys, request.session_id, prompt_blocks)
         assert isinstance(chosen, FleetReplica)
         chosen.num_submitted += 1
-        chosen.submit(request, record, keys=keys, exclusive=exclusive, **options)
+        chosen.submit(request, record, keys=keys if cached else [], exclusive=exclusive, **options)
 
-    def _keys(self, request: Request, replica: FleetReplica, exclusive: bool) -> list[int]:
-        # Prefix affinity places even an exclusive request by its first key.
-        if self.router.policy != "prefix_affinity" and (
-            exclusive or not replica.kv.enable_prefix_caching
-        ):
-            return []
-        return block_keys(sequence_segments(request), replica.kv.block_size, request.total_tokens)
+    def _exclusive(self, request: Request) -> bool:
+        """No other request's sequence starts like this one's (known only once
+        :meth:`set_shared_sources` has run), so it can share no block."""
+        return self.shared_sources is not None and (
+            not request.segments or request.segments[0][0] not in self.shared_sources
+        )
 
     def set_shared_sources(self, requests: Sequence[Request]) -> None:
         """Mark which requests can share blocks: those whose first stream starts another one."""
@@ -240,21 +244,22 @@ class Fleet:
             return x / dt if dt > 0 else 0.0
 
         self._rows.append(
-            (
-                now,
-                sum(r.scheduler.num_waiting for r in self.replicas) + len(self._pending),
-                sum(r.scheduler.num_running for r in self.replicas),
-                sum(r.kv.usage for r in live) / len(live) if live else 0.0,
-                hits / queries if queries > 0 else 0.0,
-                per_s(totals.prompt_tokens - last.prompt_tokens),
-                per_s(totals.output_tokens - last.output_tokens),
-                min(1.0, per_s(busy) / len(live)) if live else 0.0,
-                num_finished,
-                num_ok,
-                len(self.accepting),
-                len(self.starting),
-                len(self.draining),
-                self.cost_per_hour(),
+            Sample(
+                time_s=now,
+                num_requests_waiting=sum(r.scheduler.num_waiting for r in self.replicas)
+                + len(self._pending),
+                num_requests_running=sum(r.scheduler.num_running for r in self.replicas),
+                kv_cache_usage=sum(r.kv.usage for r in live) / len(live) if live else 0.0,
+                prefix_cache_hit_rate=hits / queries if queries > 0 else 0.0,
+                prompt_tokens_per_s=per_s(totals.prompt_tokens - last.prompt_tokens),
+                output_tokens_per_s=per_s(totals.output_tokens - last.output_tokens),
+                busy_fraction=min(1.0, per_s(busy) / len(live)) if live else 0.0,
+                num_finished=num_finished,
+                num_ok=num_ok,
+                num_replicas=len(self.accepting),
+                num_replicas_starting=len(self.starting),
+                num_replicas_draining=len(self.draining),
+                cost_usd_per_hour=self.cost_per_hour(),
             )
         )
         self._last = (now, totals)
@@ -271,7 +276,8 @@ class Fleet:
         return total
 
     @property
-    def rows(self) -> list[tuple[float, ...]]:
+    def rows(self) -> list[Sample]:
+        """The time series so far, one :class:`Sample` per sampling instant."""
         return self._rows
 
     def replica_summary(self, end_s: float) -> list[dict[str, Any]]:

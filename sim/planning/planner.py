@@ -14,10 +14,10 @@ import copy
 import itertools
 import math
 from collections.abc import Callable, Iterable, Sequence
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from sim.planning.parallel import run_all
 from sim.run import summary_or_error
 
 
@@ -133,22 +133,9 @@ def search(
     workers: int = 2,
     progress: Callable[[int, int], None] | None = None,
 ) -> list[Evaluation]:
-    """Evaluate every candidate, ``workers`` at a time (1: in this process)."""
-    candidates = list(candidates)
-    results: list[Evaluation] = []
-    if workers <= 1:
-        for candidate in candidates:
-            results.append(evaluate(data, candidate))
-            if progress:
-                progress(len(results), len(candidates))
-        return results
-    with ProcessPoolExecutor(max_workers=workers) as pool:
-        futures = [pool.submit(evaluate, data, c) for c in candidates]
-        for future in futures:
-            results.append(future.result())
-            if progress:
-                progress(len(results), len(candidates))
-    return results
+    """Evaluate every candidate, ``workers`` at a time (1: in this process), in the candidates'
+    order; ``progress(done, total)`` after each evaluation."""
+    return run_all(evaluate, data, list(candidates), workers=workers, progress=progress)
 
 
 def cheapest(evaluations: Iterable[Evaluation]) -> Evaluation | None:

@@ -22,16 +22,16 @@ import copy
 import itertools
 import math
 from collections.abc import Callable, Iterable, Sequence
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
-import yaml
 from scipy import stats
 
+from sim.files import DocumentError, read_document
+from sim.planning.parallel import collect, run_all
 from sim.run import summary_or_error
 
 #: Summary numbers each row records: column name → path in the summary.
@@ -86,9 +86,9 @@ def load_sweep(path: str | Path) -> Sweep:
     """Read a sweep file; ValueError naming the field when it is malformed."""
     path = Path(path)
     try:
-        document = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except (OSError, yaml.YAMLError) as exc:
-        raise ValueError(f"{path}: cannot read the sweep: {exc}") from None
+        document = read_document(path, format="yaml")
+    except DocumentError as exc:
+        raise ValueError(f"{path}: cannot read the sweep: {exc.problem}") from None
     return parse_sweep(document, path.parent)
 
 
@@ -102,9 +102,9 @@ def parse_sweep(document: Any, directory: Path = Path()) -> Sweep:
     if isinstance(base, str):
         base_path = directory / base if not Path(base).is_absolute() else Path(base)
         try:
-            base = yaml.safe_load(base_path.read_text(encoding="utf-8"))
-        except (OSError, yaml.YAMLError) as exc:
-            raise ValueError(f"sweep.base: cannot read {base_path}: {exc}") from None
+            base = read_document(base_path, format="yaml")
+        except DocumentError as exc:
+            raise ValueError(f"sweep.base: cannot read {base_path}: {exc.problem}") from None
     if not isinstance(base, dict):
         raise ValueError("sweep.base: a scenario file path or an inline scenario mapping")
     if ("grid" in document) == ("runs" in document):
@@ -171,24 +171,12 @@ def run_sweep(
     ray_address: str | None = None,
     progress: Callable[[int, int], None] | None = None,
 ) -> pd.DataFrame:
-    """Every run of the sweep, as one table in the sweep's order."""
-    rows: list[dict[str, Any]]
+    """Every run of the sweep, as one table in the sweep's order; ``progress(done, total)``
+    after each run."""
     if executor == "ray":
         rows = _run_on_ray(sweep, ray_address, progress)
-    elif workers <= 1:
-        rows = []
-        for run in sweep.runs:
-            rows.append(run_one(sweep.base, run))
-            if progress:
-                progress(len(rows), len(sweep.runs))
     else:
-        with ProcessPoolExecutor(max_workers=workers) as pool:
-            futures = [pool.submit(run_one, sweep.base, run) for run in sweep.runs]
-            rows = []
-            for future in futures:
-                rows.append(future.result())
-                if progress:
-                    progress(len(rows), len(sweep.runs))
+        rows = run_all(run_one, sweep.base, sweep.runs, workers=workers, progress=progress)
     return _table(rows, sweep.parameters)
 
 
@@ -209,11 +197,7 @@ def _run_on_ray(
         remote = ray.remote(run_one)
         base_ref = ray.put(sweep.base)
         refs = [remote.remote(base_ref, run) for run in sweep.runs]
-        rows = []
-        for ref in refs:
-            rows.append(ray.get(ref))
-            if progress:
-                progress(len(rows), len(refs))
+        rows: list[dict[str, Any]] = collect(refs, ray.get, progress)
         return rows
     finally:
         if started_here:

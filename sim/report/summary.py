@@ -1,4 +1,5 @@
-"""Records, time series and the summary a capacity planner reads.
+"""Records as a table, and the summary a capacity planner reads: latency percentiles, SLO
+attainment, goodput, throughput, prefix-cache hit rate.
 
 Percentiles are over requests that completed (`status == ok`); SLO attainment and goodput count
 every request, so rejected and failed requests count as misses. Throughput is measured over the
@@ -18,25 +19,6 @@ import pandas as pd
 from sim.engine.request import RECORD_COLUMNS, Record, RequestStatus
 
 PERCENTILES = (50, 90, 95, 99)
-
-#: Time-series columns. Gauges (waiting, running, KV use) are read at ``time_s``; rates, the
-#: prefix-cache hit rate and the busy fraction cover the interval that ends at ``time_s``.
-TIMESERIES_COLUMNS = (
-    "time_s",
-    "num_requests_waiting",  # summed over replicas (plus requests no replica could take yet)
-    "num_requests_running",
-    "kv_cache_usage",  # mean over ready replicas
-    "prefix_cache_hit_rate",  # over the interval, all replicas
-    "prompt_tokens_per_s",
-    "output_tokens_per_s",
-    "busy_fraction",  # mean over ready replicas
-    "num_finished",
-    "num_ok",
-    "num_replicas",  # ready and accepting requests
-    "num_replicas_starting",
-    "num_replicas_draining",
-    "cost_usd_per_hour",  # GPUs of every replica started and not yet stopped × their price
-)
 
 
 @dataclass(frozen=True, slots=True)
@@ -256,71 +238,6 @@ def summarize(
         },
         "sim": {"wall_s": wall_s, "simulated_s": simulated_s, "events": num_events},
     }
-
-
-def stability(frame: pd.DataFrame, timeseries: pd.DataFrame, stopped: str = "") -> dict[str, Any]:
-    """Was the load sustainable? A run is unstable when it was stopped by a bound
-    (``stopped`` says which) or when its waiting queue grew through the second half of the
-    arrivals — by at least 20 requests and half its mean there. Then the percentiles depend on
-    how long the run was, not on the deployment.
-
-    Reports the arrival rate (over the arrival span), and when unstable the time since which
-    the queue has not been short (``diverging_since_s``: the last sample with at most 5 % of
-    the final queue) and the capacity (output tokens per second since then over the mean
-    output length: requests per second).
-    """
-    arrivals = frame["arrival_s"].to_numpy(dtype=np.float64)
-    arrivals = arrivals[np.isfinite(arrivals)]
-    result: dict[str, Any] = {
-        "stable": True,
-        "arrival_rate_per_s": None,
-        "capacity_per_s": None,
-        "diverging_since_s": None,
-        "stopped": stopped or None,
-        "message": "",
-    }
-    if arrivals.size < 2:
-        result["stable"] = not stopped
-        return result
-    start, end = float(arrivals.min()), float(arrivals.max())
-    span = end - start
-    rate = (arrivals.size - 1) / span if span > 0 else math.inf
-    result["arrival_rate_per_s"] = rate
-    times = timeseries["time_s"].to_numpy(dtype=np.float64)
-    waiting = timeseries["num_requests_waiting"].to_numpy(dtype=np.float64)
-    output_rate = timeseries["output_tokens_per_s"].to_numpy(dtype=np.float64)
-    growing = False
-    window = (times >= start + span / 2) & (times <= end)
-    if window.sum() >= 3:
-        slope = float(np.polyfit(times[window], waiting[window], 1)[0])
-        growth = slope * span / 2
-        growing = growth >= max(20.0, 0.5 * float(waiting[window].mean()))
-    if not (growing or stopped):
-        return result
-    result["stable"] = False
-    upto = times <= (end if not stopped else times[-1])
-    upto_times, upto_waiting = times[upto], waiting[upto]
-    short = upto_waiting <= max(1.0, 0.05 * float(upto_waiting[-1]))
-    first = int(np.nonzero(short)[0][-1]) if short.any() else 0
-    last = int(upto.sum()) - 1
-    since = float(upto_times[first])
-    capacity = None
-    if last > first:
-        # Output tokens per second while saturated, over the workload's mean output: requests
-        # per second (a count of finished requests would miss long ones still decoding).
-        tokens_per_s = float(output_rate[first + 1 : last + 1].mean())
-        mean_output = float(frame["output_tokens"].mean())
-        capacity = tokens_per_s / mean_output if mean_output > 0 else None
-    result["diverging_since_s"] = since
-    result["capacity_per_s"] = capacity
-    capacity_text = "?" if capacity is None else f"{capacity:.3g}"
-    result["message"] = (
-        f"unstable: arrival rate {rate:.3g} req/s > capacity ≈ {capacity_text} req/s; the queue "
-        f"has grown since {since:,.0f} s"
-        + (f"; the run was stopped: {stopped}" if stopped else "")
-        + ". Latency percentiles of this run depend on its length, not on the deployment."
-    )
-    return result
 
 
 def _percentile_all(values: np.ndarray, is_ok: np.ndarray, percentile: float) -> float:

@@ -12,12 +12,14 @@ from typing import Any
 import yaml
 
 from calibration.fit import fit_steps
-from calibration.measure import MeasurementPlan, measure
-from calibration.profile import EngineInfo, fitted_profile
+from calibration.measure_plan import MeasurementPlan
+from calibration.measure_runner import measure
+from calibration.profile import fitted_profile
 from calibration.validate import Thresholds, compare, format_table
 from live.replay import Target
 from live.run import run_live
 from live.tokens import PromptTokens
+from sim.engine.profile import EngineInfo
 from sim.run import build
 from sim.scenario import ProfileLatencySpec, parse_scenario
 from tests.live.conftest import LIVE_ENGINE

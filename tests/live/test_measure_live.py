@@ -9,7 +9,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from calibration.measure import MeasurementPlan, measure
+from calibration.measure_plan import MeasurementPlan
+from calibration.measure_runner import measure
 from calibration.observations import Observation
 from live.tokens import PromptTokens
 from tests.live.conftest import LIVE_ENGINE

@@ -1,0 +1,347 @@
+"""One simulation run: requests released into a fleet, sampled, bounded, and summarised.
+
+:class:`Simulation` holds what :func:`sim.run.build` wired together (requests, replica 0's
+engine, an engine factory for the others, router, autoscaler or disaggregation); its
+:meth:`~Simulation.run` makes a :class:`_Run` — the SimPy environment and the processes that
+release requests, sample the fleet and stop an overloaded run — and turns what it leaves into a
+:class:`SimResult` through :mod:`sim.report`.
+"""
+
+from __future__ import annotations
+
+import gc
+import time
+import warnings
+from collections.abc import Callable, Generator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import pandas as pd
+import simpy
+
+from sim.engine.latency import IterationTimeModel
+from sim.engine.request import Record, Request, RequestStatus, later_turns
+from sim.engine.scheduler import Scheduler
+from sim.fleet.autoscaler import Autoscaler, AutoscalerConfig
+from sim.fleet.disagg import DisaggConfig, DisaggregatedFleet
+from sim.fleet.pool import EngineFactory, Fleet, HardwareOf
+from sim.fleet.router import Router
+from sim.fleet.timeseries import TIMESERIES_COLUMNS
+from sim.report.cost import cost_summary
+from sim.report.fleet import fleet_summary
+from sim.report.outputs import write_outputs
+from sim.report.stability import stability
+from sim.report.summary import SLO, PrefixCacheCounts, records_frame, summarize, token_times_frame
+
+#: The most time-series rows a run samples over its arrivals (the interval grows to fit).
+MAX_SAMPLES = 200_000
+
+
+@dataclass
+class SimResult:
+    """What a run produced."""
+
+    records: pd.DataFrame
+    timeseries: pd.DataFrame
+    summary: dict[str, Any]
+    token_times: pd.DataFrame | None = None
+
+    def write(self, out_dir: str | Path, fmt: Literal["parquet", "csv"] = "parquet") -> list[Path]:
+        """Write records, time series (Parquet or CSV) and ``summary.json``; return the paths."""
+        tables = {"records": self.records, "timeseries": self.timeseries}
+        if self.token_times is not None:
+            tables["token_times"] = self.token_times
+        return write_outputs(out_dir, tables, {"summary": self.summary}, fmt)
+
+
+class Simulation:
+    """One replica (or fleet) under a workload, ready to run once.
+
+    Requests without a parent arrive at their ``arrival_s``; a later turn of a session is
+    released ``think_time_s`` after its parent finishes (whatever the parent's status).
+    """
+
+    def __init__(
+        self,
+        requests: list[Request],
+        scheduler: Scheduler,
+        latency_model: IterationTimeModel,
+        *,
+        max_model_len: int,
+        slo: SLO,
+        sample_interval_s: float = 1.0,
+        kv_capacity_tokens: int,
+        frontend_overhead_s: float = 0.0,
+        num_replicas: int = 1,
+        make_engine: EngineFactory | None = None,
+        router: Router | None = None,
+        autoscaler: AutoscalerConfig | None = None,
+        disaggregation: DisaggConfig | None = None,
+        hardware: HardwareOf | None = None,
+        max_waiting_requests: int | None = None,
+        max_simulated_s: float | None = None,
+    ) -> None:
+        """``scheduler`` and ``latency_model`` are replica 0's engine; with ``num_replicas`` > 1,
+        ``make_engine(i)`` makes the others' and ``router`` spreads requests over them.
+
+        An overloaded run stops when more than ``max_waiting_requests`` wait over the fleet or
+        the clock passes ``max_simulated_s`` (default: ten times the last arrival, plus an
+        hour); requests not finished then end ``cancelled``."""
+        if num_replicas > 1 and make_engine is None:
+            raise ValueError("num_replicas > 1 needs make_engine to build the other replicas")
+        self.requests = sorted(requests, key=lambda r: r.request_id)
+        self.scheduler = scheduler
+        self.latency_model = latency_model
+        self.max_model_len = max_model_len
+        self.slo = slo
+        self.sample_interval_s = sample_interval_s
+        self.kv_capacity_tokens = kv_capacity_tokens
+        self.frontend_overhead_s = frontend_overhead_s
+        self.num_replicas = num_replicas
+        self.router = router or Router("round_robin", np.random.default_rng(0))
+        self.autoscaler_config = autoscaler
+        self.disaggregation = disaggregation
+        self.hardware = hardware
+        self.max_waiting_requests = max_waiting_requests
+        self.max_simulated_s = max_simulated_s
+        first = (scheduler, latency_model)
+
+        def engines(i: int) -> tuple[Scheduler, IterationTimeModel]:
+            if i == 0:
+                return first
+            assert make_engine is not None
+            return make_engine(i)
+
+        self.make_engine = engines
+        self.records: list[Record] = []
+        self.fleet: Fleet | DisaggregatedFleet | None = None
+        self._ran = False
+
+    def make_fleet(
+        self, env: simpy.Environment, on_finish: Callable[[Record], None]
+    ) -> Fleet | DisaggregatedFleet:
+        """The replicas (one pool behind the router, or a prefill and a decode pool) in
+        ``env``, reporting each finished request to ``on_finish``."""
+        fleet: Fleet | DisaggregatedFleet
+        if self.disaggregation is not None:
+            fleet = DisaggregatedFleet(
+                env, self.disaggregation, max_model_len=self.max_model_len, on_finish=on_finish
+            )
+        else:
+            fleet = Fleet(
+                env,
+                self.make_engine,
+                self.router,
+                num_replicas=self.num_replicas,
+                max_model_len=self.max_model_len,
+                on_finish=on_finish,
+                hardware=self.hardware,
+            )
+        if self.scheduler.options.fast_forward:
+            # Requests no other request can share blocks with skip the prefix-cache index.
+            pools = (
+                (fleet.prefill, fleet.decode) if isinstance(fleet, DisaggregatedFleet) else (fleet,)
+            )
+            for pool in pools:
+                pool.set_shared_sources(self.requests)
+        return fleet
+
+    def run(self, progress: Callable[[int, int], None] | None = None) -> SimResult:
+        """Simulate until every request has a status. A Simulation runs once."""
+        if self._ran:
+            raise RuntimeError("a Simulation runs once; build() a new one to run again")
+        self._ran = True
+        started = time.perf_counter()
+        state = _Run(self, progress)
+        self.records = state.records
+        self.fleet = state.fleet
+        state.execute()
+        wall_s = time.perf_counter() - started
+        if progress is not None:
+            progress(state.num_finished, len(state.records))
+        return self._result(state, wall_s)
+
+    def _result(self, state: _Run, wall_s: float) -> SimResult:
+        """Records, time series and summary of a finished run."""
+        fleet, env = state.fleet, state.env
+        frame = records_frame(state.records)
+        replicas = fleet.replicas
+        totals = fleet.totals()
+        itl = np.concatenate(
+            [np.frombuffer(r.scheduler.itl_values, dtype=np.float64) for r in replicas]
+        )
+        itl_counts = np.concatenate(
+            [np.frombuffer(r.scheduler.itl_counts, dtype=np.int64) for r in replicas]
+        )
+        summary = summarize(
+            frame,
+            itl_s=itl,
+            itl_counts=itl_counts,
+            slo=self.slo,
+            prefix_cache=PrefixCacheCounts(
+                queries_tokens=totals.queries_tokens,
+                hits_tokens=totals.hits_tokens,
+                preempted_queries_tokens=sum(r.kv.preempted_queries_tokens for r in replicas),
+                preempted_hits_tokens=sum(r.kv.preempted_hits_tokens for r in replicas),
+            ),
+            num_preemptions=sum(r.scheduler.num_preemptions for r in replicas),
+            kv_capacity_tokens=self.kv_capacity_tokens,
+            busy_s=totals.busy_s / len(replicas),
+            wall_s=wall_s,
+            simulated_s=float(env.now),
+            num_events=sum(r.num_steps for r in replicas) + len(state.records) + len(fleet.rows),
+        )
+        summary["sim"]["fast_forwarded_steps"] = sum(r.num_fast_forwarded_steps for r in replicas)
+        summary["cost"] = cost_summary(
+            replicas, float(env.now), int(frame.loc[frame["status"] == "ok", "output_tokens"].sum())
+        )
+        section = fleet_summary(fleet, state.scaler, float(env.now))
+        if section is not None:
+            summary["fleet"] = section
+        timeseries = pd.DataFrame(fleet.rows, columns=list(TIMESERIES_COLUMNS))
+        summary["stability"] = stability(frame, timeseries, state.stop_reason)
+        if not summary["stability"]["stable"]:
+            summary["slo"]["met"] = False  # percentiles of a growing queue mean nothing
+        return SimResult(frame, timeseries, summary, token_times_frame(state.records))
+
+
+class _Run:
+    """The state of one run: the SimPy environment, the fleet, a record per request, and the
+    processes that release requests (roots at their arrival, later turns a think time after
+    their parent), sample the fleet and stop the run when it is overloaded."""
+
+    def __init__(self, simulation: Simulation, progress: Callable[[int, int], None] | None) -> None:
+        self.simulation = simulation
+        self.progress = progress
+        self.env = env = simpy.Environment()
+        requests = simulation.requests
+        self.records = [
+            Record(r.request_id, r.arrival_s, r.prompt_tokens, r.output_tokens) for r in requests
+        ]
+        self.record_of = {r.request_id: rec for r, rec in zip(requests, self.records, strict=True)}
+        self.children = later_turns(requests)
+        self.roots = sorted((r for r in requests if r.parent_id < 0), key=lambda r: r.arrival_s)
+        self.all_done = env.event()
+        self.num_finished = self.num_ok = 0
+        self.progress_every = max(1, len(self.records) // 200)
+        self.frontend_s = simulation.frontend_overhead_s
+        self.fleet = simulation.make_fleet(env, self.on_finish)
+        self.scaler: Autoscaler | None = None
+        if simulation.autoscaler_config is not None:
+            assert isinstance(self.fleet, Fleet)
+            self.scaler = Autoscaler(env, self.fleet, simulation.autoscaler_config)
+            self.scaler.start()
+        self.stopped = env.event()
+        self.stop_reason = ""
+
+    # -- requests in and out -----------------------------------------------------------------
+    def arrivals(self) -> Generator[simpy.Event, Any, None]:
+        """Submit every root request at its arrival time (plus the front end's delay)."""
+        env, fleet, frontend = self.env, self.fleet, self.frontend_s
+        # The server's front end holds every request the same time before the engine sees
+        # it, so shifting all arrivals keeps their order.
+        for request in self.roots:
+            delay = request.arrival_s + frontend - env.now
+            if delay > 0:
+                yield env.timeout(delay)
+            fleet.submit(request, self.record_of[request.request_id])
+
+    def release(self, request: Request) -> Generator[simpy.Event, Any, None]:
+        """A later turn: it arrives a think time after its parent finished."""
+        env = self.env
+        yield env.timeout(request.think_time_s)
+        record = self.record_of[request.request_id]
+        record.arrival_s = env.now
+        if self.frontend_s:
+            yield env.timeout(self.frontend_s)
+        self.fleet.submit(request, record)
+
+    def on_finish(self, record: Record) -> None:
+        """Count a request that has its status; release its session's next turns."""
+        self.num_finished += 1
+        self.num_ok += record.status == RequestStatus.OK
+        if self.scaler is not None:
+            self.scaler.observe(record)
+        for child in self.children.get(record.request_id, ()):
+            self.env.process(self.release(child))
+        total = len(self.records)
+        if self.progress is not None and self.num_finished % self.progress_every == 0:
+            self.progress(self.num_finished, total)
+        if self.num_finished == total:
+            self.all_done.succeed()
+
+    # -- sampling and bounds -----------------------------------------------------------------
+    def stop(self, reason: str) -> None:
+        """End an overloaded run (the first reason given is the one reported)."""
+        if not self.stopped.triggered:
+            self.stop_reason = reason
+            self.stopped.succeed()
+
+    def sample_interval_s(self) -> float:
+        """The configured interval, stretched so the arrivals span at most MAX_SAMPLES."""
+        interval_s = self.simulation.sample_interval_s
+        last_root = self.last_root_s
+        if last_root / interval_s > MAX_SAMPLES:
+            # A trace spanning months sampled every second would be millions of idle rows.
+            stretched = last_root / MAX_SAMPLES
+            warnings.warn(
+                f"output.sample_interval_s: {interval_s:g} s over "
+                f"{last_root:,.0f} s of arrivals would be more than {MAX_SAMPLES:,} samples; "
+                f"sampling every {stretched:,.3g} s instead",
+                stacklevel=4,
+            )
+            return stretched
+        return interval_s
+
+    @property
+    def last_root_s(self) -> float:
+        """When the last root request arrives (0 without requests)."""
+        return max((r.arrival_s for r in self.roots), default=0.0)
+
+    def sampling(self, interval_s: float) -> Generator[simpy.Event, Any, None]:
+        """Sample the fleet every ``interval_s``; stop the run if too many requests wait."""
+        env, fleet, limit = self.env, self.fleet, self.simulation.max_waiting_requests
+        while True:
+            yield env.timeout(interval_s)
+            fleet.sample(env.now, self.num_finished, self.num_ok)
+            waiting = int(fleet.rows[-1].num_requests_waiting)
+            if limit is not None and waiting > limit:
+                self.stop(
+                    f"{waiting:,} requests waiting (simulator.max_waiting_requests={limit:,})"
+                )
+
+    def deadline(self, at_s: float) -> Generator[simpy.Event, Any, None]:
+        """Stop the run when the clock reaches ``at_s``."""
+        yield self.env.timeout(at_s)
+        self.stop(f"simulated time reached {at_s:,.0f} s (simulator.max_simulated_s)")
+
+    # -- the run -----------------------------------------------------------------------------
+    def execute(self) -> None:
+        """Run until every request has a status or a bound stops the run; requests not
+        finished then end ``cancelled`` with the reason."""
+        interval_s = self.sample_interval_s()
+        if not self.records:
+            return
+        env, fleet = self.env, self.fleet
+        fleet.sample(0.0, 0, 0)
+        env.process(self.arrivals())
+        env.process(self.sampling(interval_s))
+        limit_s = self.simulation.max_simulated_s
+        env.process(self.deadline(limit_s or 10 * (self.last_root_s + self.frontend_s) + 3600.0))
+        # A run allocates many small objects and few cycles: collect young objects less
+        # often (a few % of wall time), as before once the run is over.
+        threshold = gc.get_threshold()
+        gc.set_threshold(50_000, 20, 100)
+        try:
+            env.run(until=self.all_done | self.stopped)
+        finally:
+            gc.set_threshold(*threshold)
+        if self.stop_reason:
+            for record in self.records:
+                if record.status is None:
+                    record.status = RequestStatus.CANCELLED
+                    record.error = f"not finished when the run stopped: {self.stop_reason}"
+        if fleet.rows[-1].time_s < env.now:
+            fleet.sample(env.now, self.num_finished, self.num_ok)  # the final partial interval
