@@ -40,6 +40,7 @@ test-fast: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/lint-imports  # the layer rule of docs/architecture.md
 
 typecheck: $(STAMP)
 	$(BIN)/mypy
