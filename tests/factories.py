@@ -6,7 +6,8 @@ from typing import Any
 
 from sim.engine.kv_cache import KVCacheManager
 from sim.engine.request import Record, Request, SourceNamespace, block_keys, source_id
-from sim.engine.scheduler import ContinuousBatchScheduler, SchedulerConfig, Sequence
+from sim.engine.scheduler import ContinuousBatchScheduler, SchedulerConfig
+from sim.engine.sequence import Sequence
 
 
 def make_request(

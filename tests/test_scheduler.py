@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from sim.engine.request import RequestStatus
-from sim.engine.scheduler import StepPlan
+from sim.engine.sequence import StepPlan
 from tests.factories import make_request, make_scheduler, make_sequence
 
 

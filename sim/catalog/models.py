@@ -352,59 +352,15 @@ def load_hf_config(path: str | Path) -> ModelArch:
     """
     path = Path(path)
     file = path / "config.json" if path.is_dir() else path
-    try:
-        text = file.read_text(encoding="utf-8")
-    except OSError as error:
-        raise ValueError(
-            f"cannot read model config {file}: {error.strerror or error}; pass a config.json "
-            "or the model directory that contains it"
-        ) from error
-    try:
-        config = json.loads(text)
-    except json.JSONDecodeError as error:
-        raise ValueError(
-            f"{file} is not valid JSON: {error.msg} at line {error.lineno} column {error.colno}; "
-            "fix the file or re-download it from the model's repository"
-        ) from error
-    if not isinstance(config, dict):
-        raise ValueError(
-            f"{file}: expected a JSON object at top level, got {type(config).__name__}"
-        )
-
+    config = _read_config_json(file)
     for key in _MOE_KEYS:
         if config.get(key):
             raise ValueError(
                 f"config.json at {file}: {key}={config[key]!r} marks a mixture-of-experts model, "
                 "which ModelArch (dense only) would miscount; use a dense model"
             )
-
-    def integer(key: str, default: int | None = None) -> int:
-        value: Any = config.get(key)
-        if value is None:
-            if default is not None:
-                return default
-            hint = (
-                "; this looks like a multimodal config, point at the text model's config instead"
-                if "text_config" in config
-                else ""
-            )
-            raise ValueError(
-                f"config.json at {file}: missing {key!r}; a decoder config needs "
-                f"{', '.join(_REQUIRED_CONFIG_KEYS)}{hint}"
-            )
-        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-            raise ValueError(
-                f"config.json at {file}: {key!r} must be a positive integer, got {value!r}"
-            )
-        return value
-
-    def flag(key: str) -> bool:
-        value: Any = config.get(key, False)
-        if value is None:
-            return False
-        if not isinstance(value, bool):
-            raise ValueError(f"config.json at {file}: {key!r} must be true or false, got {value!r}")
-        return value
+    keys = _ConfigKeys(config, file)
+    integer, flag = keys.integer, keys.flag
 
     model_type = config.get("model_type")
     hidden_size = integer("hidden_size")
@@ -440,3 +396,67 @@ def load_hf_config(path: str | Path) -> ModelArch:
         attention_bias=llama_attention_bias or qwen2_bias,
         attention_output_bias=llama_attention_bias,
     )
+
+
+def _read_config_json(file: Path) -> dict[str, Any]:
+    """The JSON object in ``file``; ValueError naming the file and the fix otherwise."""
+    try:
+        text = file.read_text(encoding="utf-8")
+    except OSError as error:
+        raise ValueError(
+            f"cannot read model config {file}: {error.strerror or error}; pass a config.json "
+            "or the model directory that contains it"
+        ) from error
+    try:
+        config = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise ValueError(
+            f"{file} is not valid JSON: {error.msg} at line {error.lineno} column {error.colno}; "
+            "fix the file or re-download it from the model's repository"
+        ) from error
+    if not isinstance(config, dict):
+        raise ValueError(
+            f"{file}: expected a JSON object at top level, got {type(config).__name__}"
+        )
+    return config
+
+
+class _ConfigKeys:
+    """Typed reads of a config.json's keys, each failure naming the file and the key."""
+
+    def __init__(self, config: dict[str, Any], file: Path) -> None:
+        self.config = config
+        self.file = file
+
+    def integer(self, key: str, default: int | None = None) -> int:
+        """A positive integer; ``default`` when absent (required when there is none)."""
+        config, file = self.config, self.file
+        value: Any = config.get(key)
+        if value is None:
+            if default is not None:
+                return default
+            hint = (
+                "; this looks like a multimodal config, point at the text model's config instead"
+                if "text_config" in config
+                else ""
+            )
+            raise ValueError(
+                f"config.json at {file}: missing {key!r}; a decoder config needs "
+                f"{', '.join(_REQUIRED_CONFIG_KEYS)}{hint}"
+            )
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            raise ValueError(
+                f"config.json at {file}: {key!r} must be a positive integer, got {value!r}"
+            )
+        return value
+
+    def flag(self, key: str) -> bool:
+        """A boolean; false when absent or null."""
+        value: Any = self.config.get(key, False)
+        if value is None:
+            return False
+        if not isinstance(value, bool):
+            raise ValueError(
+                f"config.json at {self.file}: {key!r} must be true or false, got {value!r}"
+            )
+        return value

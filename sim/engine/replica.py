@@ -25,7 +25,8 @@ import simpy
 
 from sim.engine.latency import IterationTimeModel, decode_step_times
 from sim.engine.request import Record, Request, RequestStatus, block_keys, sequence_segments
-from sim.engine.scheduler import ContinuousBatchScheduler, Scheduler, Sequence, StepPlan
+from sim.engine.scheduler import ContinuousBatchScheduler, Scheduler
+from sim.engine.sequence import Sequence, StepPlan
 
 #: The most steps one fast-forward run lasts (then the scheduler plans a step again).
 MAX_RUN_STEPS = 4096
@@ -124,10 +125,10 @@ class Replica:
 
         ``keys`` are the prompt's chained block keys as the fleet decided them (empty when the
         request caches nothing); ``exclusive``: no other request's sequence starts like this
-        one's (see :attr:`sim.engine.scheduler.Sequence.exclusive`). A caller without a fleet
+        one's (see :attr:`sim.engine.sequence.Sequence.exclusive`). A caller without a fleet
         leaves ``keys`` None and the replica computes them from its own cache's settings.
         ``hold_kv`` and ``remote_transfer_s`` are for disaggregated serving (see
-        :class:`sim.engine.scheduler.Sequence`): a remote sequence arrives with its first token.
+        :class:`sim.engine.sequence.Sequence`): a remote sequence arrives with its first token.
         """
         record.replica_id = self.replica_id
         reason = self._rejection(request)

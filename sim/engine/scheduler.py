@@ -20,69 +20,16 @@ for the batch to fill.
 
 from __future__ import annotations
 
-import heapq
-import itertools
 import math
 from array import array
-from collections import deque
-from collections.abc import Callable
 from collections.abc import Sequence as Sequence_
-from dataclasses import dataclass, field
-from typing import Literal, Protocol
+from dataclasses import dataclass
+from typing import Protocol
 
 from sim.engine.kv_cache import KVCacheManager
 from sim.engine.latency import BatchShape, prefill_chunk_pairs
-from sim.engine.request import Record, Request, RequestStatus, block_keys, sequence_segments
-
-Policy = Literal["fcfs", "priority"]
-
-
-@dataclass(slots=True, eq=False)
-class Sequence:
-    """A request inside an engine: its progress and its record."""
-
-    request: Request
-    record: Record
-    keys: list[int]  # chained keys of the full blocks of prompt + output
-    num_computed_tokens: int = 0
-    num_generated: int = 0
-    last_token_s: float = math.nan
-    finished: bool = False
-    # Disaggregated serving. A prefill replica keeps a finished sequence's KV (``hold_kv``)
-    # until it has been sent. A decode replica admits a sequence whose prompt KV comes from a
-    # prefill replica (``remote_transfer_s`` > 0): its blocks are allocated on admission, the
-    # transfer takes that long, and it decodes from ``kv_ready_s`` on; ``on_kv_admitted`` is
-    # told when the transfer starts and ends.
-    hold_kv: bool = False
-    # No other request's sequence starts like this one, so no other request can hit its
-    # blocks: its keys are left empty (nothing registered in the prefix cache) unless it is
-    # preempted, when they are computed and its blocks registered for its own re-admission.
-    exclusive: bool = False
-    in_flight: bool = False  # in a step not yet completed (pipeline parallelism overlaps steps)
-    group: int = 0  # pipeline parallelism: the micro-batch group (virtual engine) it runs in
-    remote_transfer_s: float = 0.0
-    kv_ready_s: float = math.nan
-    on_kv_admitted: Callable[[Sequence, float], None] | None = None
-
-    @property
-    def request_id(self) -> int:
-        """The request's id (also the KV cache's owner id)."""
-        return self.request.request_id
-
-    @property
-    def num_tokens(self) -> int:
-        """Tokens known so far: the prompt plus every token generated."""
-        return self.request.prompt_tokens + self.num_generated
-
-
-@dataclass(slots=True)
-class StepPlan:
-    """One engine step: who computes how many tokens, and who was preempted to make room."""
-
-    scheduled: list[tuple[Sequence, int]]
-    preempted: list[Sequence]
-    batch: BatchShape
-    padding: list[Sequence] = field(default_factory=list)  # static batching: finished members
+from sim.engine.request import RequestStatus, block_keys, sequence_segments
+from sim.engine.sequence import Policy, Sequence, StepPlan, WaitingQueue
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,47 +97,6 @@ class Scheduler(Protocol):
         ...
 
 
-class _WaitingQueue:
-    """FCFS deque or a priority heap ordered by (priority, arrival, id); preempted go first."""
-
-    def __init__(self, policy: Policy) -> None:
-        self.policy = policy
-        self._deque: deque[Sequence] = deque()
-        self._heap: list[tuple[int, float, int, Sequence]] = []
-        self._tiebreak = itertools.count()
-
-    def __len__(self) -> int:
-        return len(self._deque) if self.policy == "fcfs" else len(self._heap)
-
-    def push(self, seq: Sequence) -> None:
-        if self.policy == "fcfs":
-            self._deque.append(seq)
-        else:
-            self._push_heap(seq)
-
-    def push_front(self, seq: Sequence) -> None:
-        if self.policy == "fcfs":
-            self._deque.appendleft(seq)
-        else:
-            self._push_heap(seq)
-
-    def _push_heap(self, seq: Sequence) -> None:
-        entry = (seq.request.priority, seq.record.arrival_s, next(self._tiebreak), seq)
-        heapq.heappush(self._heap, entry)
-
-    def peek(self) -> Sequence:
-        return self._deque[0] if self.policy == "fcfs" else self._heap[0][3]
-
-    def oldest_arrival_s(self) -> float:
-        """Arrival time of the request that has waited longest (not always the next one out)."""
-        if self.policy == "fcfs":
-            return self._deque[0].record.arrival_s
-        return min(entry[1] for entry in self._heap)
-
-    def pop(self) -> Sequence:
-        return self._deque.popleft() if self.policy == "fcfs" else heapq.heappop(self._heap)[3]
-
-
 class _SchedulerBase:
     """What both policies share: the waiting queue, and step completion (advance computed
     tokens, emit tokens, finish requests).
@@ -202,7 +108,7 @@ class _SchedulerBase:
         self.config = config
         self.options = options if options is not None else ReplicaOptions()
         self.kv = kv
-        self.waiting = _WaitingQueue(config.policy)
+        self.waiting = WaitingQueue(config.policy)
         # Inter-token latencies, run-length encoded: ``itl_counts[i]`` tokens waited
         # ``itl_values[i]``. A decode step gives every request in it the same latency, so this
         # keeps a long run's memory proportional to its steps, not to its tokens.
@@ -365,6 +271,9 @@ class ContinuousBatchScheduler(_SchedulerBase):
         return None
 
     def _schedule(self, now: float, group: int | None) -> StepPlan | None:
+        """One step for pipeline ``group`` (None: no pipelining): the running loop, then
+        admissions. The running loop is inline (no helper per request) because it runs for
+        every running request of every real step: the hot path of a simulation."""
         config = self.config
         kv = self.kv
         budget = config.max_num_batched_tokens
@@ -434,45 +343,55 @@ class ContinuousBatchScheduler(_SchedulerBase):
             scheduled = [(s, n) for s, n in scheduled if n > 0]
 
         if not preempted:
-            while len(self.waiting) and budget > 0 and len(self.running) < config.max_num_seqs:
-                seq = self.waiting.peek()
-                if seq.remote_transfer_s > 0:
-                    if not self._admit_remote(seq, now):
-                        break
-                    continue
-                computed_blocks: list[int] = []
-                num_hit = 0
-                if seq.num_computed_tokens == 0:
-                    computed_blocks, num_hit = kv.get_computed_blocks(seq.keys, seq.num_tokens)
-                num_new = seq.num_tokens - num_hit
-                if not config.enable_chunked_prefill and num_new > budget:
-                    break
-                num_new = min(num_new, budget)
-                if not kv.allocate_slots(
-                    seq.request_id,
-                    seq.keys,
-                    num_hit,
-                    num_new,
-                    computed_blocks,
-                    anonymous=seq.exclusive,
-                ):
-                    break
-                kv.record_lookup(seq.num_tokens, num_hit, preempted=seq.record.num_preemptions > 0)
-                self.waiting.pop()
-                seq.num_computed_tokens = num_hit
-                if group is not None:
-                    seq.group = group
-                record = seq.record
-                if math.isnan(record.scheduled_s):
-                    record.scheduled_s = now
-                    record.cached_tokens = num_hit
-                self.running.append(seq)
-                scheduled.append((seq, num_new))
-                budget -= num_new
+            self._admit_waiting(now, group, budget, scheduled)
 
         if not scheduled:
             return None if not preempted else StepPlan([], preempted, BatchShape())
         return StepPlan(scheduled, preempted, _shape(scheduled))
+
+    def _admit_waiting(
+        self, now: float, group: int | None, budget: int, scheduled: list[tuple[Sequence, int]]
+    ) -> None:
+        """Admit waiting requests in policy order into ``scheduled`` while the ``budget`` left
+        this step, the KV cache and ``max_num_seqs`` allow; a prefix hit starts the prefill
+        after the cached tokens. Stops at the first request that does not fit (as vLLM)."""
+        config = self.config
+        kv = self.kv
+        while len(self.waiting) and budget > 0 and len(self.running) < config.max_num_seqs:
+            seq = self.waiting.peek()
+            if seq.remote_transfer_s > 0:
+                if not self._admit_remote(seq, now):
+                    break
+                continue
+            computed_blocks: list[int] = []
+            num_hit = 0
+            if seq.num_computed_tokens == 0:
+                computed_blocks, num_hit = kv.get_computed_blocks(seq.keys, seq.num_tokens)
+            num_new = seq.num_tokens - num_hit
+            if not config.enable_chunked_prefill and num_new > budget:
+                break
+            num_new = min(num_new, budget)
+            if not kv.allocate_slots(
+                seq.request_id,
+                seq.keys,
+                num_hit,
+                num_new,
+                computed_blocks,
+                anonymous=seq.exclusive,
+            ):
+                break
+            kv.record_lookup(seq.num_tokens, num_hit, preempted=seq.record.num_preemptions > 0)
+            self.waiting.pop()
+            seq.num_computed_tokens = num_hit
+            if group is not None:
+                seq.group = group
+            record = seq.record
+            if math.isnan(record.scheduled_s):
+                record.scheduled_s = now
+                record.cached_tokens = num_hit
+            self.running.append(seq)
+            scheduled.append((seq, num_new))
+            budget -= num_new
 
     def _admit_remote(self, seq: Sequence, now: float) -> bool:
         """Allocate blocks for a prompt whose KV a prefill replica sends; False if none free."""

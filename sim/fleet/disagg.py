@@ -23,7 +23,7 @@ from typing import Any
 import simpy
 
 from sim.engine.request import Record, Request, RequestStatus
-from sim.engine.scheduler import Sequence
+from sim.engine.sequence import Sequence
 from sim.fleet.pool import EngineFactory, Fleet, FleetReplica, HardwareOf, _Totals
 from sim.fleet.router import Router
 from sim.fleet.timeseries import Sample
