@@ -23,8 +23,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from sim.engine.request import Request, Segment, SourceNamespace, source_id
+from sim.workload.arrival_sampling import FloatArray
 from sim.workload.arrivals import ArrivalProcess
-from sim.workload.lengths import LengthDistribution
+from sim.workload.lengths import IntArray, LengthDistribution
 from sim.workload.traces import Trace
 
 
@@ -137,6 +138,19 @@ def generate_requests(
     return requests
 
 
+@dataclass
+class _TurnDraft:
+    """One turn of a session before ids are given: its prompt and earliest possible arrival."""
+
+    earliest_s: float
+    session: int
+    turn: int
+    think_s: float
+    segments: tuple[Segment, ...]
+    output_tokens: int
+    output_source: int
+
+
 def _multi_turn(
     arrival_rng: np.random.Generator,
     prompt_rng: np.random.Generator,
@@ -159,36 +173,66 @@ def _multi_turn(
     """
     starts = arrivals.times(arrival_rng, num_requests=num_requests, duration_s=duration_s)
     turns = spec.turns.sample(session_rng, len(starts))
+    _check_session_size(len(starts), turns)
+    system: tuple[Segment, ...] = ()
+    if spec.system_prompt_tokens:
+        system = ((source_id(SourceNamespace.SYSTEM_PROMPT, salt, 0), spec.system_prompt_tokens),)
+    drafts = _draft_turns(
+        starts,
+        turns,
+        system,
+        (prompt_rng, output_rng, session_rng),
+        prompt_tokens,
+        output_tokens,
+        spec.think_time_s,
+        salt=salt,
+        duration_s=duration_s,
+    )
+    drafts.sort(key=lambda d: (d.earliest_s, d.session, d.turn))
+    if num_requests is not None:
+        drafts = drafts[:num_requests]
+    return _session_requests(drafts, has_system_prompt=bool(system))
+
+
+def _check_session_size(num_sessions: int, turns: IntArray) -> None:
+    """Refuse sessions whose requests, or prompt segments, exceed what one workload may hold."""
     # Each turn's prompt repeats the whole history: segments held grow with turns squared.
     num_turns = float(turns.sum())
     num_segments = float((turns.astype(np.float64) ** 2).sum())
     if num_turns > MAX_REQUESTS or num_segments > MAX_SESSION_SEGMENTS:
         raise ValueError(
-            f"workload.prefix.turns: {len(starts):,} sessions of up to {int(turns.max()):,} turns "
+            f"workload.prefix.turns: {num_sessions:,} sessions of up to {int(turns.max()):,} turns "
             f"are {num_turns:,.0f} requests whose prompts repeat their history "
             f"({num_segments:,.0f} segments; the limits are {MAX_REQUESTS:,} requests and "
             f"{MAX_SESSION_SEGMENTS:,} segments); lower prefix.turns, num_requests or duration_s"
         )
-    system: tuple[Segment, ...] = ()
-    if spec.system_prompt_tokens:
-        system = ((source_id(SourceNamespace.SYSTEM_PROMPT, salt, 0), spec.system_prompt_tokens),)
 
-    @dataclass
-    class Draft:
-        earliest_s: float
-        session: int
-        turn: int
-        think_s: float
-        segments: tuple[Segment, ...]
-        output_tokens: int
-        output_source: int
 
-    drafts: list[Draft] = []
+def _draft_turns(
+    starts: FloatArray,
+    turns: IntArray,
+    system: tuple[Segment, ...],
+    rngs: tuple[np.random.Generator, np.random.Generator, np.random.Generator],
+    prompt_tokens: LengthDistribution,
+    output_tokens: LengthDistribution,
+    think_time_s: float,
+    *,
+    salt: int,
+    duration_s: float | None,
+) -> list[_TurnDraft]:
+    """Every session's turns in session order, each prompt the whole conversation so far.
+
+    ``rngs`` are the prompt, output and session (think time) generators; each turn draws from
+    them in that order, session by session. A session stops at its first turn whose earliest
+    arrival is not before ``duration_s``.
+    """
+    prompt_rng, output_rng, session_rng = rngs
+    drafts: list[_TurnDraft] = []
     for session, (start, num_turns) in enumerate(zip(starts, turns, strict=True)):
         history: list[Segment] = list(system)
         earliest = float(start)
         for turn in range(int(num_turns)):
-            think = float(session_rng.exponential(spec.think_time_s)) if turn else 0.0
+            think = float(session_rng.exponential(think_time_s)) if turn else 0.0
             earliest += think
             if duration_s is not None and earliest >= duration_s:
                 break
@@ -197,13 +241,14 @@ def _multi_turn(
             output_source = source_id(SourceNamespace.SESSION, salt, session, turn, 1)
             history.append((source_id(SourceNamespace.SESSION, salt, session, turn, 0), user))
             drafts.append(
-                Draft(earliest, session, turn, think, tuple(history), output, output_source)
+                _TurnDraft(earliest, session, turn, think, tuple(history), output, output_source)
             )
-
             history.append((output_source, output))
-    drafts.sort(key=lambda d: (d.earliest_s, d.session, d.turn))
-    if num_requests is not None:
-        drafts = drafts[:num_requests]
+    return drafts
+
+
+def _session_requests(drafts: list[_TurnDraft], *, has_system_prompt: bool) -> list[Request]:
+    """Requests numbered in draft order; a later turn has no arrival time, only its parent."""
     id_of = {(d.session, d.turn): i for i, d in enumerate(drafts)}
     requests = []
     for i, d in enumerate(drafts):
@@ -217,7 +262,7 @@ def _multi_turn(
                 segments=d.segments,
                 output_source_id=d.output_source,
                 session_id=d.session,
-                prefix_group=0 if system else -1,
+                prefix_group=0 if has_system_prompt else -1,
                 parent_id=parent,
                 think_time_s=d.think_s,
             )

@@ -1,0 +1,90 @@
+"""The pieces of one run (sim/simulation.py's _Run) on their own: release of later turns, the
+first stop reason wins, the deadline, the sampling interval's stretch, and cancellation."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+import pytest
+
+from sim.engine.request import RequestStatus
+from sim.run import build
+from sim.scenario import parse_scenario
+from sim.simulation import MAX_SAMPLES, Simulation, _Run
+from tests.factories import scenario_dict
+
+
+def simulation(**workload: Any) -> Simulation:
+    base = {
+        "arrival": {"type": "poisson", "rate": 5},
+        "prompt_tokens": {"type": "constant", "value": 128},
+        "output_tokens": {"type": "constant", "value": 16},
+        "num_requests": 20,
+    }
+    return build(parse_scenario(scenario_dict(workload={**base, **workload})))
+
+
+def test_a_run_makes_one_record_per_request_and_roots_in_arrival_order() -> None:
+    sim = simulation()
+    state = _Run(sim, progress=None)
+    assert [r.request_id for r in state.records] == [r.request_id for r in sim.requests]
+    arrivals = [r.arrival_s for r in state.roots]
+    assert arrivals == sorted(arrivals)
+    assert state.last_root_s == arrivals[-1]
+
+
+def test_the_first_stop_reason_is_the_one_reported_and_the_rest_are_cancelled() -> None:
+    state = _Run(simulation(), progress=None)
+    state.stop("first")
+    state.stop("second")
+    assert state.stopped.triggered and state.stop_reason == "first"
+    state.execute()  # stopped before anything ran: every request is cancelled with the reason
+    assert {r.status for r in state.records} == {RequestStatus.CANCELLED}
+    assert all("first" in (r.error or "") for r in state.records)
+
+
+def test_the_deadline_stops_a_run_at_its_time() -> None:
+    state = _Run(simulation(num_requests=200), progress=None)
+    state.env.process(state.deadline(2.0))
+    state.execute()
+    assert state.env.now == pytest.approx(2.0)
+    assert "simulated time reached 2 s" in state.stop_reason
+    statuses = {r.status for r in state.records}
+    assert RequestStatus.CANCELLED in statuses and RequestStatus.OK in statuses
+
+
+def test_the_sampling_interval_stretches_to_at_most_max_samples() -> None:
+    state = _Run(simulation(), progress=None)
+    assert state.sample_interval_s() == state.simulation.sample_interval_s
+    long_run = _Run(simulation(), progress=None)
+    long_run.roots[-1] = replace(long_run.roots[-1], arrival_s=MAX_SAMPLES * 10.0)
+    with pytest.warns(UserWarning, match="output.sample_interval_s"):
+        assert long_run.sample_interval_s() == pytest.approx(10.0)
+
+
+def test_a_later_turn_is_released_a_think_time_after_its_parent() -> None:
+    sim = simulation(
+        prefix={
+            "type": "multi_turn",
+            "turns": {"type": "constant", "value": 3},
+            "think_time_s": 7.0,
+        },
+        num_requests=6,
+    )
+    result = sim.run()
+    frame = result.records.set_index("request_id")
+    children = [r for r in sim.requests if r.parent_id >= 0]
+    assert children
+    for child in children:
+        parent_finish = frame.loc[child.parent_id, "finish_s"]
+        released = parent_finish + child.think_time_s
+        assert frame.loc[child.request_id, "arrival_s"] == pytest.approx(released)
+
+
+def test_progress_is_reported_and_ends_at_the_total() -> None:
+    calls: list[tuple[int, int]] = []
+    sim = simulation()
+    sim.run(progress=lambda done, total: calls.append((done, total)))
+    assert calls[-1] == (20, 20)
+    assert [done for done, _ in calls] == sorted(done for done, _ in calls)
