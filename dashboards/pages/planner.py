@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pandas as pd
 import plotly.graph_objects as go
 import streamlit as st
@@ -9,8 +11,17 @@ import streamlit as st
 from dashboards.state import current_scenario, scenario_data
 from sim.catalog.hardware import GPU_CATALOG
 from sim.planning.export import kubernetes_manifests, vllm_serve_command
-from sim.planning.planner import apply, breaking_load, cheapest, grid, pareto_front, search
-from sim.scenario import parse_scenario
+from sim.planning.planner import (
+    Candidate,
+    Evaluation,
+    apply,
+    breaking_load,
+    cheapest,
+    grid,
+    pareto_front,
+    search,
+)
+from sim.scenario import Scenario, parse_scenario
 
 
 def main() -> None:
@@ -20,10 +31,30 @@ def main() -> None:
         st.error("Fix the scenario first:\n\n" + "\n".join(f"- {e}" for e in errors))
         return
     data = scenario_data()
+    _traffic_and_slos(scenario)
+    candidates, requests = _search_space(scenario)
+    if not st.button("Search", key="plan_search") and "plan_results" not in st.session_state:
+        return
+    traffic = _traffic(data, requests)
+    evaluations = _evaluations(traffic, candidates)
+    best = _cheapest(evaluations)
+    table = _table(evaluations)
+    front = pareto_front(evaluations)
+    _pareto_chart(table, front, scenario)
+    _breaking_points(traffic, front)
+    if best is not None:
+        _export(data, best)
+
+
+def _traffic_and_slos(scenario: Scenario) -> None:
     st.write(
         f"Traffic and SLOs from **{scenario.name}** (TTFT ≤ {scenario.slo.ttft_s:g} s and TPOT "
         f"≤ {scenario.slo.tpot_s:g} s at p{scenario.slo.percentile:g})."
     )
+
+
+def _search_space(scenario: Scenario) -> tuple[list[Candidate], int]:
+    """The knobs of the search: the candidates they span, and the requests per candidate."""
     priced = [k for k, g in GPU_CATALOG.items() if g.hourly_cost_usd is not None]
     priced += [k for k in scenario.cost.gpu_hour_usd if k not in priced]
     gpus = st.multiselect("GPUs", list(GPU_CATALOG), default=priced, key="plan_gpus")
@@ -45,21 +76,35 @@ def main() -> None:
     split = st.toggle("Also try prefill/decode splits (xP:yD)", False, key="plan_pd")
     candidates = grid(gpus, tps, dtypes, list(range(1, max_replicas + 1)), disaggregated=split)
     st.caption(f"{len(candidates)} candidates")
-    if not st.button("Search", key="plan_search") and "plan_results" not in st.session_state:
-        return
+    return candidates, requests
+
+
+def _traffic(data: dict[str, Any], requests: int) -> dict[str, Any]:
+    """The scenario with ``requests`` requests, if it counts them (a trace replays its own)."""
     traffic = {**data, "workload": {**data["workload"], "num_requests": requests}}
     if "num_requests" not in data["workload"]:
         traffic["workload"].pop("num_requests")
+    return traffic
+
+
+def _evaluations(traffic: dict[str, Any], candidates: list[Candidate]) -> list[Evaluation]:
+    """Every candidate simulated, with a progress bar; kept in the session until the traffic
+    or the candidates change."""
     if st.session_state.get("plan_key") != (repr(traffic), repr(candidates)):
         bar = st.progress(0.0, text="simulating candidates")
-        evaluations = search(
-            traffic,
-            candidates,
-            progress=lambda done, total: bar.progress(done / total, text=f"{done}/{total}"),
-        )
+
+        def progress(done: int, total: int) -> None:
+            bar.progress(done / total, text=f"{done}/{total}")
+
+        evaluations = search(traffic, candidates, progress=progress)
         st.session_state["plan_results"] = evaluations
         st.session_state["plan_key"] = (repr(traffic), repr(candidates))
-    evaluations = st.session_state["plan_results"]
+    results: list[Evaluation] = st.session_state["plan_results"]
+    return results
+
+
+def _cheapest(evaluations: list[Evaluation]) -> Evaluation | None:
+    """The verdict: the cheapest candidate meeting the SLOs, or that none does."""
     best = cheapest(evaluations)
     if best is None:
         st.warning("No candidate meets the SLOs; widen the search.")
@@ -67,11 +112,19 @@ def main() -> None:
         st.success(
             f"Cheapest meeting the SLOs: **{best.candidate.label}**, ${best.usd_per_hour:,.2f}/hour"
         )
+    return best
+
+
+def _table(evaluations: list[Evaluation]) -> pd.DataFrame:
     table = pd.DataFrame([e.row() for e in evaluations]).sort_values(
         ["meets_slo", "usd_per_hour"], ascending=[False, True]
     )
     st.dataframe(table, key="plan_table")
-    front = pareto_front(evaluations)
+    return table
+
+
+def _pareto_chart(table: pd.DataFrame, front: list[Evaluation], scenario: Scenario) -> None:
+    """Cost against TTFT for every feasible candidate, the Pareto front and the TTFT SLO."""
     figure = go.Figure()
     feasible = table[table["feasible"]]
     figure.add_trace(
@@ -94,22 +147,29 @@ def main() -> None:
     figure.add_hline(y=scenario.slo.ttft_s * 1e3, line_dash="dash", annotation_text="TTFT SLO")
     figure.update_layout(xaxis_title="USD per hour", yaxis_title="TTFT at SLO percentile (ms)")
     st.plotly_chart(figure, key="plan_pareto")
+
+
+def _breaking_points(traffic: dict[str, Any], front: list[Evaluation]) -> None:
+    """On request, the load (× the scenario's rate) above which each Pareto candidate fails."""
     if front and st.button("Find where the Pareto candidates break", key="plan_break"):
         rows = []
         for evaluation in front:
             scale = breaking_load(traffic, evaluation.candidate)
             rows.append({"candidate": evaluation.candidate.label, "breaks above × rate": scale})
         st.dataframe(pd.DataFrame(rows), key="plan_breaks")
-    if best is not None:
-        chosen = parse_scenario(apply(data, best.candidate))
-        st.subheader("Export the cheapest")
-        st.code(vllm_serve_command(chosen), language="bash")
-        st.download_button(
-            "Kubernetes manifests",
-            kubernetes_manifests(chosen),
-            "servesim-k8s.yaml",
-            key="plan_k8s",
-        )
+
+
+def _export(data: dict[str, Any], best: Evaluation) -> None:
+    """The cheapest candidate as a vllm serve command and Kubernetes manifests."""
+    chosen = parse_scenario(apply(data, best.candidate))
+    st.subheader("Export the cheapest")
+    st.code(vllm_serve_command(chosen), language="bash")
+    st.download_button(
+        "Kubernetes manifests",
+        kubernetes_manifests(chosen),
+        "servesim-k8s.yaml",
+        key="plan_k8s",
+    )
 
 
 main()

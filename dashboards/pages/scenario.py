@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -62,130 +63,162 @@ def _lengths(label: str, spec: dict[str, Any], key: str) -> dict[str, Any]:
 def main() -> None:
     st.title("Scenario")
     data = copy.deepcopy(scenario_data())
+    _preset()
+    tabs = st.tabs([label for label, _ in TABS])
+    for tab, (_, render) in zip(tabs, TABS, strict=True):
+        with tab:
+            render(data)
+    set_scenario_data(data)
+    _save_for_comparison(data)
+    _validity()
 
+
+def _preset() -> None:
+    """Replace the scenario with a preset, on request."""
     choice = st.selectbox("Start from a preset", ["(keep current)", *presets()], key="preset")
     if choice != "(keep current)" and st.button("Load preset", key="load_preset"):
         set_scenario_data(presets()[choice])
         st.rerun()
 
-    model_tab, workload_tab, engine_tab, fleet_tab, slo_tab, file_tab = st.tabs(
-        ["Model & GPU", "Workload", "Engine", "Fleet & autoscaling", "SLOs & cost", "YAML & trace"]
-    )
-    with model_tab:
-        data["model"] = _choice("Model", list(MODEL_CATALOG), data.get("model"), "model")
-        data["gpu"] = _choice("GPU", list(GPU_CATALOG), data.get("gpu"), "gpu")
-        dtypes = ["bf16", "fp16", "fp8", "int8", "int4"]
-        data["dtype"] = _choice("Weights", dtypes, data.get("dtype", "bf16"), "dtype")
-    with workload_tab:
-        workload = data.setdefault("workload", {})
-        arrival = workload.get("arrival", {})
-        kinds = ["poisson", "gamma", "constant"]
-        if arrival.get("type") in kinds:
-            kind = st.selectbox("Arrivals", kinds, kinds.index(arrival["type"]), key="arrival_type")
-            old = arrival
-            arrival = {"type": kind, "rate": old.get("rate", 1.0)}
-            if kind == "gamma":
-                arrival["cv"] = _number(
-                    "Burstiness (CV)", 0.01, 100.0, old.get("cv", 2.0), "arrival_cv"
-                )
-        elif arrival:
-            st.caption(f"Arrivals: {arrival.get('type')} (edit in YAML)")
-        if "rate" in arrival:
-            rate = _number("Arrival rate (req/s)", 0.01, 10_000.0, arrival["rate"], "rate")
-            workload["arrival"] = {**arrival, "rate": rate}
-        if "trace" not in workload:
-            workload["prompt_tokens"] = _lengths("Prompt tokens", workload["prompt_tokens"], "p")
-            workload["output_tokens"] = _lengths("Output tokens", workload["output_tokens"], "o")
-        if "num_requests" in workload:
-            workload["num_requests"] = _number(
-                "Requests", 1, 1_000_000, workload["num_requests"], "num_requests"
-            )
-    with engine_tab:
-        engine = data.setdefault("engine", {})
-        engine["max_num_seqs"] = _number(
-            "max_num_seqs", 1, 4096, engine.get("max_num_seqs", 256), "seqs"
-        )
-        engine["tensor_parallel_size"] = _choice(
-            "Tensor parallel size", [1, 2, 4, 8, 16], engine.get("tensor_parallel_size", 1), "tp"
-        )
-        engine["pipeline_parallel_size"] = _number(
-            "Pipeline parallel size", 1, 64, engine.get("pipeline_parallel_size", 1), "pp"
-        )
-        engine["max_num_batched_tokens"] = _number(
-            "max_num_batched_tokens",
-            1,
-            1_048_576,
-            engine.get("max_num_batched_tokens", 8192),
-            "batched_tokens",
-        )
-        if "max_model_len" in engine:
-            engine["max_model_len"] = _number(
-                "max_model_len", 1, 10_000_000, engine["max_model_len"], "max_model_len"
-            )
-        engine["block_size"] = _choice(
-            "Block size", [1, 8, 16, 32, 64, 128], engine.get("block_size", 16), "block"
-        )
-        engine["gpu_memory_utilization"] = _number(
-            "gpu_memory_utilization", 0.05, 1.0, engine.get("gpu_memory_utilization", 0.9), "gmu"
-        )
-        engine["enable_prefix_caching"] = st.toggle(
-            "Prefix caching", bool(engine.get("enable_prefix_caching", True)), key="caching"
-        )
-        engine["enable_chunked_prefill"] = st.toggle(
-            "Chunked prefill", bool(engine.get("enable_chunked_prefill", True)), key="chunked"
-        )
-        batchings = ["continuous", "static", "dynamic"]
-        engine["batching"] = _choice(
-            "Batching", batchings, engine.get("batching", "continuous"), "batching"
-        )
-        methods = ["auto", "weight_only", "w8a8", "bitsandbytes"]
-        data["quantization"] = _choice(
-            "Quantization method", methods, data.get("quantization", "auto"), "quantization"
-        )
-        kv_types = ["auto", "bf16", "fp16", "fp8"]
-        data["kv_cache_dtype"] = _choice(
-            "KV cache dtype", kv_types, data.get("kv_cache_dtype", "auto"), "kv_dtype"
-        )
-    with fleet_tab:
-        fleet = data.setdefault("fleet", {})
-        fleet["replicas"] = _number("Replicas", 1, 512, fleet.get("replicas", 1), "replicas")
-        router = fleet.get("router", {})
-        policy = _choice("Router", ROUTERS, router.get("policy", "round_robin"), "router")
-        fleet["router"] = {**router, "policy": policy}
-        scaling = st.toggle("Autoscale (Kubernetes HPA)", "autoscaling" in fleet, key="hpa")
-        if scaling:
-            hpa = fleet.get("autoscaling") or {"target": 500}
-            hpa["target"] = _number(
-                "Target p90 TTFT (ms)", 1.0, 1e6, float(hpa.get("target", 500)), "hpa_target"
-            )
-            hpa["max_replicas"] = _number(
-                "Max replicas", 1, 512, hpa.get("max_replicas", 10), "hpa_max"
-            )
-            fleet["autoscaling"] = hpa
-        else:
-            fleet.pop("autoscaling", None)
-    with slo_tab:
-        slo = data.setdefault("slo", {})
-        slo["ttft_s"] = _number("TTFT target (s)", 0.001, 600.0, slo.get("ttft_s", 0.5), "slo_ttft")
-        slo["tpot_s"] = _number(
-            "TPOT target (s)", 0.0001, 10.0, slo.get("tpot_s", 0.05), "slo_tpot"
-        )
-        slo["percentile"] = _number(
-            "At percentile", 1.0, 100.0, slo.get("percentile", 90), "slo_pct"
-        )
-        price = st.number_input(
-            "Price per GPU-hour (USD, 0 = catalogue default)", 0.0, 1000.0, 0.0, key="price"
-        )
-        if price > 0 and isinstance(data.get("gpu"), str):
-            data["cost"] = {"gpu_hour_usd": {data["gpu"]: price}}
-    with file_tab:
-        _files(data)
 
-    set_scenario_data(data)
+def _model_and_gpu(data: dict[str, Any]) -> None:
+    data["model"] = _choice("Model", list(MODEL_CATALOG), data.get("model"), "model")
+    data["gpu"] = _choice("GPU", list(GPU_CATALOG), data.get("gpu"), "gpu")
+    dtypes = ["bf16", "fp16", "fp8", "int8", "int4"]
+    data["dtype"] = _choice("Weights", dtypes, data.get("dtype", "bf16"), "dtype")
+
+
+def _workload(data: dict[str, Any]) -> None:
+    workload = data.setdefault("workload", {})
+    _arrival(workload)
+    if "trace" not in workload:
+        workload["prompt_tokens"] = _lengths("Prompt tokens", workload["prompt_tokens"], "p")
+        workload["output_tokens"] = _lengths("Output tokens", workload["output_tokens"], "o")
+    if "num_requests" in workload:
+        workload["num_requests"] = _number(
+            "Requests", 1, 1_000_000, workload["num_requests"], "num_requests"
+        )
+
+
+def _arrival(workload: dict[str, Any]) -> None:
+    """The arrival process and its rate (other processes keep their shape; the rate is kept
+    editable whenever there is one)."""
+    arrival = workload.get("arrival", {})
+    kinds = ["poisson", "gamma", "constant"]
+    if arrival.get("type") in kinds:
+        kind = st.selectbox("Arrivals", kinds, kinds.index(arrival["type"]), key="arrival_type")
+        old = arrival
+        arrival = {"type": kind, "rate": old.get("rate", 1.0)}
+        if kind == "gamma":
+            arrival["cv"] = _number(
+                "Burstiness (CV)", 0.01, 100.0, old.get("cv", 2.0), "arrival_cv"
+            )
+    elif arrival:
+        st.caption(f"Arrivals: {arrival.get('type')} (edit in YAML)")
+    if "rate" in arrival:
+        rate = _number("Arrival rate (req/s)", 0.01, 10_000.0, arrival["rate"], "rate")
+        workload["arrival"] = {**arrival, "rate": rate}
+
+
+def _engine(data: dict[str, Any]) -> None:
+    engine = data.setdefault("engine", {})
+    engine["max_num_seqs"] = _number(
+        "max_num_seqs", 1, 4096, engine.get("max_num_seqs", 256), "seqs"
+    )
+    engine["tensor_parallel_size"] = _choice(
+        "Tensor parallel size", [1, 2, 4, 8, 16], engine.get("tensor_parallel_size", 1), "tp"
+    )
+    engine["pipeline_parallel_size"] = _number(
+        "Pipeline parallel size", 1, 64, engine.get("pipeline_parallel_size", 1), "pp"
+    )
+    engine["max_num_batched_tokens"] = _number(
+        "max_num_batched_tokens",
+        1,
+        1_048_576,
+        engine.get("max_num_batched_tokens", 8192),
+        "batched_tokens",
+    )
+    if "max_model_len" in engine:
+        engine["max_model_len"] = _number(
+            "max_model_len", 1, 10_000_000, engine["max_model_len"], "max_model_len"
+        )
+    engine["block_size"] = _choice(
+        "Block size", [1, 8, 16, 32, 64, 128], engine.get("block_size", 16), "block"
+    )
+    engine["gpu_memory_utilization"] = _number(
+        "gpu_memory_utilization", 0.05, 1.0, engine.get("gpu_memory_utilization", 0.9), "gmu"
+    )
+    engine["enable_prefix_caching"] = st.toggle(
+        "Prefix caching", bool(engine.get("enable_prefix_caching", True)), key="caching"
+    )
+    engine["enable_chunked_prefill"] = st.toggle(
+        "Chunked prefill", bool(engine.get("enable_chunked_prefill", True)), key="chunked"
+    )
+    batchings = ["continuous", "static", "dynamic"]
+    engine["batching"] = _choice(
+        "Batching", batchings, engine.get("batching", "continuous"), "batching"
+    )
+    _precision(data)
+
+
+def _precision(data: dict[str, Any]) -> None:
+    """Quantization method and KV cache dtype (top-level keys, shown under Engine)."""
+    methods = ["auto", "weight_only", "w8a8", "bitsandbytes"]
+    data["quantization"] = _choice(
+        "Quantization method", methods, data.get("quantization", "auto"), "quantization"
+    )
+    kv_types = ["auto", "bf16", "fp16", "fp8"]
+    data["kv_cache_dtype"] = _choice(
+        "KV cache dtype", kv_types, data.get("kv_cache_dtype", "auto"), "kv_dtype"
+    )
+
+
+def _fleet(data: dict[str, Any]) -> None:
+    fleet = data.setdefault("fleet", {})
+    fleet["replicas"] = _number("Replicas", 1, 512, fleet.get("replicas", 1), "replicas")
+    router = fleet.get("router", {})
+    policy = _choice("Router", ROUTERS, router.get("policy", "round_robin"), "router")
+    fleet["router"] = {**router, "policy": policy}
+    _autoscaling(fleet)
+
+
+def _autoscaling(fleet: dict[str, Any]) -> None:
+    """The HPA's knobs while it is on; turning it off removes the section."""
+    scaling = st.toggle("Autoscale (Kubernetes HPA)", "autoscaling" in fleet, key="hpa")
+    if scaling:
+        hpa = fleet.get("autoscaling") or {"target": 500}
+        hpa["target"] = _number(
+            "Target p90 TTFT (ms)", 1.0, 1e6, float(hpa.get("target", 500)), "hpa_target"
+        )
+        hpa["max_replicas"] = _number(
+            "Max replicas", 1, 512, hpa.get("max_replicas", 10), "hpa_max"
+        )
+        fleet["autoscaling"] = hpa
+    else:
+        fleet.pop("autoscaling", None)
+
+
+def _slo_and_cost(data: dict[str, Any]) -> None:
+    slo = data.setdefault("slo", {})
+    slo["ttft_s"] = _number("TTFT target (s)", 0.001, 600.0, slo.get("ttft_s", 0.5), "slo_ttft")
+    slo["tpot_s"] = _number("TPOT target (s)", 0.0001, 10.0, slo.get("tpot_s", 0.05), "slo_tpot")
+    slo["percentile"] = _number("At percentile", 1.0, 100.0, slo.get("percentile", 90), "slo_pct")
+    price = st.number_input(
+        "Price per GPU-hour (USD, 0 = catalogue default)", 0.0, 1000.0, 0.0, key="price"
+    )
+    if price > 0 and isinstance(data.get("gpu"), str):
+        data["cost"] = {"gpu_hour_usd": {data["gpu"]: price}}
+
+
+def _save_for_comparison(data: dict[str, Any]) -> None:
     name = st.text_input("Save as (for Compare)", data.get("name", "scenario"), key="save_name")
     if st.button("Save for comparison", key="save_compare") and name.strip():
         save_scenario(name.strip(), data)
         st.toast(f"saved {name.strip()}")
+
+
+def _validity() -> None:
+    """Whether the scenario as edited can run, and if not, every reason."""
     scenario, errors = current_scenario()
     if errors:
         st.error("This scenario cannot run:\n\n" + "\n".join(f"- {e}" for e in errors))
@@ -231,6 +264,18 @@ def _accept(scenario: Any, errors: list[str]) -> None:
         return
     set_scenario_data(scenario.model_dump(mode="json", exclude_none=True))
     st.success("Loaded.")
+
+
+#: The page's tabs, in order: label and the function that renders the tab's knobs into the
+#: scenario dict.
+TABS: list[tuple[str, Callable[[dict[str, Any]], None]]] = [
+    ("Model & GPU", _model_and_gpu),
+    ("Workload", _workload),
+    ("Engine", _engine),
+    ("Fleet & autoscaling", _fleet),
+    ("SLOs & cost", _slo_and_cost),
+    ("YAML & trace", _files),
+]
 
 
 main()

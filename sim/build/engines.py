@@ -51,9 +51,6 @@ def make_latency_model(
     if isinstance(spec, ExponentialLatencySpec):
         return ExponentialStepModel(spec.mean_s, rng), 0.0
     if isinstance(spec, ProfileLatencySpec):
-        # calibration depends on sim, not the other way round, except for reading profiles here.
-        from sim.engine.profile import check_profile, load_profile
-
         profile = load_profile(spec.path)
         check_profile(
             profile,

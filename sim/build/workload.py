@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from sim.build.seeds import scenario_seeds
 from sim.engine.request import Request
 from sim.scenario import (
     ArrivalSpec,
@@ -25,7 +26,6 @@ from sim.workload.generate import (
     requests_from_trace,
 )
 from sim.workload.traces import TraceFormatError, read_trace
-from sim.build.seeds import scenario_seeds
 
 
 def make_arrivals(spec: ArrivalSpec) -> arr.ArrivalProcess:
