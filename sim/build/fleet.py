@@ -63,6 +63,8 @@ def build_simulation(
     router_seed: np.random.SeedSequence,
     coefficients: CalibratedCoefficients | None,
 ) -> Simulation:
+    """The scenario's fleet as a Simulation of ``requests``: a prefill and a decode pool, pools
+    of different GPUs behind one router, or one pool (with its autoscaler)."""
     disagg = scenario.fleet.disaggregation
     if disagg is not None:
         return _build_disaggregated(
