@@ -246,7 +246,12 @@ class _Run:
             delay = request.arrival_s + frontend - env.now
             if delay > 0:
                 yield env.timeout(delay)
-            fleet.submit(request, self.record_of[request.request_id])
+            record = self.record_of[request.request_id]
+            if env.now - frontend < record.arrival_s:
+                # ``now + (t - now)`` can round one ulp below ``t``; a request is never
+                # scheduled before it arrived, so the record takes the clock's time.
+                record.arrival_s = env.now - frontend
+            fleet.submit(request, record)
 
     def release(self, request: Request) -> Generator[simpy.Event, Any, None]:
         """A later turn: it arrives a think time after its parent finished."""

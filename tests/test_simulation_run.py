@@ -88,3 +88,24 @@ def test_progress_is_reported_and_ends_at_the_total() -> None:
     sim.run(progress=lambda done, total: calls.append((done, total)))
     assert calls[-1] == (20, 20)
     assert [done for done, _ in calls] == sorted(done for done, _ in calls)
+
+
+def test_a_request_is_never_scheduled_before_its_recorded_arrival(tmp_path: Any) -> None:
+    # 197.548...·(100/197.548...) is one ulp above 100, and SimPy's clock reaches the wait's
+    # end as ``now + (t - now)``, one ulp below it: the record must not say it arrived later.
+    trace = tmp_path / "t.jsonl"
+    trace.write_text(
+        '{"prompt_tokens": 1, "output_tokens": 1, "arrival_s": 0.0}\n'
+        '{"prompt_tokens": 1, "output_tokens": 1, "arrival_s": 43.54827904846354}\n'
+        '{"prompt_tokens": 1, "output_tokens": 1, "arrival_s": 197.54827904846354}\n'
+    )
+    sim = simulation(
+        arrival=None,
+        prompt_tokens=None,
+        output_tokens=None,
+        trace={"path": str(trace), "time_scale": 100 / 197.54827904846354},
+        num_requests=3,
+    )
+    records = sim.run().records
+    assert (records["arrival_s"] <= records["scheduled_s"]).all()
+    assert records["arrival_s"].iloc[-1] == pytest.approx(100.0)
