@@ -209,7 +209,7 @@ def test_missing_profile_path_is_a_scenario_error(tmp_path: Path, command: str) 
 
 @pytest.mark.parametrize("command", ["run", "check"])
 def test_a_directory_given_as_the_profile_is_refused(tmp_path: Path, command: str) -> None:
-    # The scenario check reports it as not found (it tests is_file); sim/scenario.py could say
+    # The scenario check reports it as not found (it tests is_file); sim/scenario/ could say
     # "is a directory" instead, as load_profile does when called directly.
     result = runner.invoke(app, [command, str(scenario_with_profile(tmp_path, tmp_path))])
     assert result.exit_code == 2, result.output

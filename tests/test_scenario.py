@@ -185,3 +185,18 @@ def test_a_trace_refuses_synthetic_lengths_and_missing_files(shared_data: Path) 
 def test_max_model_len_beyond_the_models_positions_is_refused() -> None:
     found = problems(scenario_dict(model="mistral-7b", engine={"max_model_len": 10**6}))
     assert len(found) == 1 and found[0].startswith("engine.max_model_len: 1000000 exceeds")
+
+
+def test_the_schema_stays_one_import_away() -> None:
+    import sim.scenario
+    from sim.scenario import errors, load, model, sections, workload
+
+    exported = set(sim.scenario.__all__)
+    assert {"Scenario", "ScenarioError", "EngineSpec", "WorkloadSpec", "parse_scenario"} <= exported
+    assert all(hasattr(sim.scenario, name) for name in exported)
+    assert sim.scenario.Scenario is model.Scenario
+    assert sim.scenario.ScenarioError is errors.ScenarioError
+    assert sim.scenario.load_scenario is load.load_scenario
+    assert sim.scenario.FleetSpec is sections.FleetSpec
+    assert sim.scenario.WorkloadSpec is workload.WorkloadSpec
+    assert load.DEFAULT_SCENARIO_FILE in {p.name for p in Path(sim.__file__).parent.glob("*.yaml")}

@@ -1,0 +1,19 @@
+"""The base of every scenario section: unknown keys are errors, values are immutable, and the
+constrained number types the sections share."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class Spec(BaseModel):
+    """Base for scenario sections: unknown keys are errors, values are immutable."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+
+PositiveFloat = Annotated[float, Field(gt=0)]
+PositiveInt = Annotated[int, Field(ge=1)]
+Fraction = Annotated[float, Field(gt=0, le=1)]

@@ -1,0 +1,88 @@
+"""The top-level :class:`Scenario`: every section of the file, and the model and GPU it names
+resolved to catalogue (or custom) value objects."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import Field, model_validator
+
+from sim.catalog.hardware import GPU, get_gpu
+from sim.catalog.models import ModelArch, get_model, load_hf_config
+from sim.engine.memory import kv_dtype_for
+from sim.scenario.base import Spec
+from sim.scenario.sections import (
+    CostSpec,
+    CustomGPUSpec,
+    CustomModelSpec,
+    EngineSpec,
+    FleetSpec,
+    HFConfigModelSpec,
+    LatencySpec,
+    OutputSpec,
+    RooflineLatencySpec,
+    SimulatorSpec,
+    SLOSpec,
+)
+from sim.scenario.workload import WorkloadSpec
+
+Dtype = Literal["bf16", "fp16", "fp8", "int8", "int4"]
+
+
+class Scenario(Spec):
+    """Everything a simulation needs."""
+
+    name: str = "scenario"
+    seed: Annotated[int, Field(ge=0)] = 0
+    model: str | HFConfigModelSpec | CustomModelSpec
+    gpu: str | CustomGPUSpec
+    dtype: Dtype = "bf16"
+    # How quantized weights compute (sim/latency.py QUANTIZATION_METHODS).
+    quantization: Literal["auto", "weight_only", "w8a8", "bitsandbytes"] = "auto"
+    kv_cache_dtype: Literal["auto", "bf16", "fp16", "fp8"] = "auto"
+    engine: EngineSpec = EngineSpec()
+    fleet: FleetSpec = FleetSpec()
+    workload: WorkloadSpec
+    latency: LatencySpec = RooflineLatencySpec()
+    slo: SLOSpec = SLOSpec()
+    cost: CostSpec = CostSpec()
+    output: OutputSpec = OutputSpec()
+    simulator: SimulatorSpec = SimulatorSpec()
+
+    @model_validator(mode="before")
+    @classmethod
+    def _profile_shorthand(cls, data: Any) -> Any:
+        latency = data.get("latency") if isinstance(data, dict) else None
+        if isinstance(latency, dict) and set(latency) == {"profile"}:
+            data = {**data, "latency": {"type": "profile", "path": latency["profile"]}}
+        return data
+
+    def resolve_model(self) -> ModelArch:
+        """The model architecture (catalogue, local config.json, or custom dimensions)."""
+        if isinstance(self.model, str):
+            return get_model(self.model)
+        if isinstance(self.model, HFConfigModelSpec):
+            return load_hf_config(self.model.hf_config)
+        return ModelArch(**self.model.model_dump())
+
+    def resolve_gpu(self) -> GPU:
+        """The GPU (catalogue or custom)."""
+        return get_gpu(self.gpu) if isinstance(self.gpu, str) else self.gpu.build()
+
+    def gpu_hour_usd(self) -> float | None:
+        """The price per hour of one of this scenario's GPUs: ``cost.gpu_hour_usd`` if it names
+        the GPU, else the GPU's own (catalogue default or custom ``hourly_cost_usd``)."""
+        gpu = self.resolve_gpu()
+        for key, price in self.cost.gpu_hour_usd.items():
+            try:
+                name = get_gpu(key).name
+            except ValueError:
+                name = key
+            if name == gpu.name:
+                return price
+        return gpu.hourly_cost_usd
+
+    @property
+    def kv_dtype(self) -> str:
+        """The KV cache's element type (``auto``: 16-bit for 16-bit and quantized weights)."""
+        return kv_dtype_for(self.dtype, self.kv_cache_dtype)

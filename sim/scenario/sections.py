@@ -1,0 +1,288 @@
+"""The scenario's sections other than the workload: hardware and model, engine knobs (under
+vLLM's names), step-time model, fleet (router, autoscaling, pools, disaggregation), cost, SLO,
+output and simulator settings."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import Field, model_validator
+
+from sim.catalog.hardware import GPU
+from sim.engine.latency import RooflineParams
+from sim.scenario.base import Fraction, PositiveFloat, PositiveInt, Spec
+
+_ROOFLINE = RooflineParams()
+
+
+# -- hardware, model, engine ----------------------------------------------------------------
+class CustomGPUSpec(Spec):
+    """A GPU not in the catalogue, in spec-sheet units."""
+
+    name: str
+    memory_gb: PositiveFloat
+    memory_bandwidth_tb_s: PositiveFloat
+    bf16_tflops: PositiveFloat
+    fp8_tflops: PositiveFloat | None = None
+    int8_tops: PositiveFloat | None = None
+    link_bandwidth_gb_s: PositiveFloat = 32.0
+    hourly_cost_usd: PositiveFloat | None = None
+
+    def build(self) -> GPU:
+        """The GPU value object."""
+        return GPU(
+            name=self.name,
+            memory_bytes=self.memory_gb * 1e9,
+            memory_bandwidth_bytes_per_s=self.memory_bandwidth_tb_s * 1e12,
+            bf16_flops=self.bf16_tflops * 1e12,
+            fp8_flops=self.fp8_tflops * 1e12 if self.fp8_tflops else None,
+            int8_ops=self.int8_tops * 1e12 if self.int8_tops else None,
+            link_bandwidth_bytes_per_s=self.link_bandwidth_gb_s * 1e9,
+            hourly_cost_usd=self.hourly_cost_usd,
+        )
+
+
+class HFConfigModelSpec(Spec):
+    """A model described by a local Hugging Face ``config.json``."""
+
+    hf_config: str
+
+
+class CustomModelSpec(Spec):
+    """A dense decoder given by its dimensions."""
+
+    name: str
+    num_layers: PositiveInt
+    hidden_size: PositiveInt
+    num_attention_heads: PositiveInt
+    num_key_value_heads: PositiveInt
+    head_dim: PositiveInt
+    intermediate_size: PositiveInt
+    vocab_size: PositiveInt
+    tie_word_embeddings: bool = False
+    max_position_embeddings: PositiveInt = 8192
+
+
+class EngineSpec(Spec):
+    """vLLM engine knobs, under vLLM's names. Defaults follow vLLM v1's defaults."""
+
+    max_num_seqs: PositiveInt = 256
+    max_num_batched_tokens: PositiveInt = 8192
+    block_size: Literal[1, 8, 16, 32, 64, 128] = 16
+    enable_prefix_caching: bool = True
+    enable_chunked_prefill: bool = True
+    gpu_memory_utilization: Annotated[float, Field(gt=0, le=1)] = 0.9
+    max_model_len: PositiveInt | None = None  # None: the model's max_position_embeddings
+    tensor_parallel_size: Literal[1, 2, 4, 8, 16] = 1
+    # Layers split into this many stages, one batch in flight per stage (continuous batching).
+    pipeline_parallel_size: Annotated[int, Field(ge=1, le=64)] = 1
+    scheduling_policy: Literal["fcfs", "priority"] = "fcfs"
+    batching: Literal["continuous", "static", "dynamic"] = "continuous"
+    vllm_version: str | None = None  # the deployment's vLLM version, checked against profiles
+    batch_window_s: Annotated[float, Field(ge=0)] = 0.05  # dynamic batching only
+
+
+# -- step times -----------------------------------------------------------------------------
+class RooflineLatencySpec(Spec):
+    """First-principles step times; efficiencies are fractions of peak (see RooflineParams)."""
+
+    type: Literal["roofline"] = "roofline"
+    compute_efficiency: Fraction = _ROOFLINE.compute_efficiency
+    attention_compute_efficiency: Fraction = _ROOFLINE.attention_compute_efficiency
+    bandwidth_efficiency: Fraction = _ROOFLINE.bandwidth_efficiency
+    step_overhead_s: Annotated[float, Field(ge=0)] = _ROOFLINE.step_overhead_s
+    flash_attention: bool = _ROOFLINE.flash_attention
+
+    def params(self) -> RooflineParams:
+        """The roofline model's parameters."""
+        return RooflineParams(**self.model_dump(exclude={"type"}))
+
+
+class ConstantLatencySpec(Spec):
+    """Every step takes ``step_s`` (for queueing-theory checks)."""
+
+    type: Literal["constant"]
+    step_s: PositiveFloat
+
+
+class ExponentialLatencySpec(Spec):
+    """Exponential step times with mean ``mean_s`` (for queueing-theory checks)."""
+
+    type: Literal["exponential"]
+    mean_s: PositiveFloat
+
+
+class ProfileLatencySpec(Spec):
+    """Step times from a calibration profile written by ``servesim calibrate``.
+
+    ``latency: {profile: PATH}`` is accepted as a shorthand.
+    """
+
+    type: Literal["profile"]
+    path: str
+
+
+LatencySpec = Annotated[
+    RooflineLatencySpec | ConstantLatencySpec | ExponentialLatencySpec | ProfileLatencySpec,
+    Field(discriminator="type"),
+]
+
+
+# -- fleet ----------------------------------------------------------------------------------
+class RouterSpec(Spec):
+    """How requests are spread over replicas (see sim/router.py for each policy)."""
+
+    policy: Literal["round_robin", "random", "least_outstanding", "least_kv", "prefix_affinity"] = (
+        "round_robin"
+    )
+    # prefix_affinity: a replica is full above both load_bound × the mean outstanding requests
+    # and the mean plus load_slack.
+    load_bound: Annotated[float, Field(ge=1.0)] = 1.25
+    load_slack: Annotated[int, Field(ge=0)] = 8
+    # prefix_affinity: follow a cached prefix only when it covers this much of the prompt.
+    min_match: Annotated[float, Field(ge=0, le=1)] = 0.5
+
+
+class ScalingPolicySpec(Spec):
+    """At most ``value`` pods, or ``value`` per cent of the replicas, per ``period_s``."""
+
+    type: Literal["pods", "percent"]
+    value: PositiveFloat
+    period_s: PositiveFloat = 15.0
+
+
+class ScalingRulesSpec(Spec):
+    """One direction of an HPA ``behavior``: window, policies, and which policy wins."""
+
+    stabilization_window_s: Annotated[float, Field(ge=0)]
+    policies: list[ScalingPolicySpec]
+    select: Literal["max", "min", "disabled"] = "max"
+
+
+class AutoscalingSpec(Spec):
+    """A Kubernetes HorizontalPodAutoscaler on the fleet (sim/autoscaler.py). Defaults are
+    Kubernetes' own; ``container_start_s`` and ``weight_load_gb_s`` set a new replica's
+    start-up (container and engine start, then each GPU reading its share of the weights)."""
+
+    min_replicas: PositiveInt = 1
+    max_replicas: Annotated[int, Field(ge=1, le=4096)] = 10
+    metric: Literal["ttft_ms", "waiting_per_replica", "running_per_replica", "kv_usage"] = "ttft_ms"
+    target: PositiveFloat
+    percentile: Annotated[float, Field(gt=0, le=100)] = 90.0
+    window_s: PositiveFloat = 60.0
+    sync_period_s: PositiveFloat = 15.0
+    tolerance: Annotated[float, Field(ge=0, lt=1)] = 0.1
+    scale_up: ScalingRulesSpec = ScalingRulesSpec(
+        stabilization_window_s=0.0,
+        policies=[
+            ScalingPolicySpec(type="pods", value=4, period_s=15),
+            ScalingPolicySpec(type="percent", value=100, period_s=15),
+        ],
+    )
+    scale_down: ScalingRulesSpec = ScalingRulesSpec(
+        stabilization_window_s=300.0,
+        policies=[ScalingPolicySpec(type="percent", value=100, period_s=15)],
+    )
+    container_start_s: Annotated[float, Field(ge=0)] = 30.0
+    weight_load_gb_s: PositiveFloat = 2.0
+
+    @model_validator(mode="after")
+    def _bounds(self) -> AutoscalingSpec:
+        if self.min_replicas > self.max_replicas:
+            raise ValueError(
+                f"min_replicas ({self.min_replicas}) is above max_replicas ({self.max_replicas})"
+            )
+        return self
+
+
+class PoolSpec(Spec):
+    """One pool of a disaggregated fleet: its size, and its own GPU and TP where they differ."""
+
+    replicas: Annotated[int, Field(ge=1, le=4096)]
+    gpu: str | CustomGPUSpec | None = None
+    tensor_parallel_size: Annotated[int, Field(ge=1, le=64)] | None = None
+
+
+class DisaggregationSpec(Spec):
+    """Prefill/decode disaggregation (sim/disagg.py): ``prefill`` and ``decode`` pools and the
+    link the KV cache crosses between them. The default link is one 200 Gb/s RDMA NIC per GPU
+    (25 GB/s) with 0.5 ms set-up; set yours."""
+
+    prefill: PoolSpec
+    decode: PoolSpec
+    link_bandwidth_gb_s: PositiveFloat = 25.0
+    link_latency_s: Annotated[float, Field(ge=0)] = 0.0005
+    decode_router: Literal["round_robin", "random", "least_outstanding", "least_kv"] = (
+        "least_outstanding"
+    )
+
+
+class FleetSpec(Spec):
+    """Identical replicas of the engine behind one router, optionally autoscaled; or ``pools``
+    of different GPUs/TP behind the one router; or, with ``disaggregation``, separate prefill
+    and decode pools (``replicas`` is unused with either)."""
+
+    replicas: Annotated[int, Field(ge=1, le=4096)] = 1
+    router: RouterSpec = RouterSpec()
+    autoscaling: AutoscalingSpec | None = None
+    disaggregation: DisaggregationSpec | None = None
+    pools: Annotated[list[PoolSpec], Field(min_length=1, max_length=64)] | None = None
+
+    @model_validator(mode="after")
+    def _start_within_bounds(self) -> FleetSpec:
+        if self.autoscaling is not None and self.disaggregation is not None:
+            raise ValueError(
+                "autoscaling a disaggregated fleet is not modelled yet; remove autoscaling or "
+                "disaggregation"
+            )
+        if self.pools is not None and (self.autoscaling or self.disaggregation):
+            raise ValueError(
+                "pools: mixed pools behind one router cannot be combined with autoscaling or "
+                "disaggregation yet; use one of them"
+            )
+        scaling = self.autoscaling
+        if scaling and not scaling.min_replicas <= self.replicas <= scaling.max_replicas:
+            raise ValueError(
+                f"replicas ({self.replicas}) must be within autoscaling.min_replicas "
+                f"({scaling.min_replicas}) and max_replicas ({scaling.max_replicas})"
+            )
+        return self
+
+
+# -- cost, SLO, output, simulator -----------------------------------------------------------
+class CostSpec(Spec):
+    """Prices per GPU-hour, by GPU (catalogue name, alias, or a custom GPU's name). GPUs not
+    listed use the catalogue's cited default where it has one (H100 SXM, A100 80GB SXM)."""
+
+    # pydantic copies a mutable default per instance (ruff cannot see Spec is a pydantic model).
+    gpu_hour_usd: dict[str, PositiveFloat] = {}  # noqa: RUF012
+
+
+class SLOSpec(Spec):
+    """Latency targets, each to be met at ``percentile``."""
+
+    ttft_s: PositiveFloat = 0.5
+    tpot_s: PositiveFloat = 0.05
+    percentile: Annotated[float, Field(gt=0, le=100)] = 90.0
+
+
+class OutputSpec(Spec):
+    """What the run records besides per-request records."""
+
+    sample_interval_s: Annotated[float, Field(ge=0.001)] = 1.0
+    record_token_times: bool = False
+    # With --out: also metrics.om, the time series under vLLM's Prometheus names (OpenMetrics
+    # with timestamps, for promtool tsdb create-blocks-from openmetrics).
+    prometheus: bool = False
+
+
+class SimulatorSpec(Spec):
+    """How the simulator computes, not what it simulates: results do not depend on it."""
+
+    # Advance runs of decode steps as one event (sim/replica.py); false: one event per step.
+    fast_forward: bool = True
+    # Bounds that stop an overloaded run (its unfinished requests end "cancelled" and the
+    # summary says it was unstable): requests waiting over the whole fleet, and simulated
+    # seconds (None: ten times the workload's arrival span plus an hour).
+    max_waiting_requests: PositiveInt = 100_000
+    max_simulated_s: PositiveFloat | None = None
