@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import warnings
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -18,7 +19,10 @@ from sim.files import DocumentError, read_document
 from sim.scenario import Scenario
 
 if TYPE_CHECKING:
+    from live.replay import RecordsFile, ReplayOptions
+    from live.run import LiveResult
     from live.server import VLLMServer
+    from sim.engine.request import Request
 
 app = typer.Typer(
     help="Run workloads against a real vLLM server and record them in servesim's schema.",
@@ -158,17 +162,12 @@ def run_command(
     schedule relative to each other (the first goes at once). Their TTFT is measured under the
     load of the resumed part only.
     """
-    from live.replay import RecordsFileError, ReplayError, ReplayOptions, Target
-    from live.run import read_resume, run_live
-    from live.tokens import PromptTokens
+    # The signature is typer's declaration of the options; the body checks the flags and hands
+    # over to the helpers below. (No such note in the docstring: typer prints it as --help.)
+    from live.replay import ReplayOptions
     from sim.run import scenario_requests
 
-    if endpoint not in ("completions", "chat"):
-        fail(f"--endpoint: must be completions or chat, got {endpoint!r}")
-    if fmt not in ("parquet", "csv"):
-        fail(f"--format: must be parquet or csv, got {fmt!r}")
-    if max_concurrency is not None and max_concurrency < 1:
-        fail(f"--max-concurrency: must be >= 1, got {max_concurrency}")
+    _check_run_flags(endpoint, fmt, max_concurrency)
     scenario = load_or_exit(scenario_path)
     options = ReplayOptions(
         max_concurrency=max_concurrency,
@@ -178,33 +177,77 @@ def run_command(
         record_token_times=scenario.output.record_token_times,
     )
     requests = scenario_requests(scenario)
-    resume_from = None
-    if resume:
-        # Checked before a server is launched or attached: a refusal should cost nothing.
-        try:
-            with warnings.catch_warnings(record=True) as caught:
-                warnings.simplefilter("always")
-                resume_from = read_resume(out, scenario, requests)
-        except RecordsFileError as exc:
-            fail(f"--resume: {exc}; run without --resume to start a fresh run")
-        for warning in caught:
-            stderr.print(f"[yellow]warning:[/] {warning.message}", highlight=False, markup=True)
-        kept = len(resume_from.kept())
-        stderr.print(
-            f"resuming {out}: {kept} of {len(requests)} requests already recorded ok or "
-            f"rejected, sending {len(requests) - kept}",
-            highlight=False,
-        )
+    # Checked before a server is launched or attached: a refusal should cost nothing.
+    resume_from = _read_resume_or_exit(out, scenario, requests) if resume else None
     out.mkdir(parents=True, exist_ok=True)
+    server = _ServerChoice(url, launch, model, vocab_size, endpoint)
+    result = _replay_on_server(scenario, server, out, options, requests, resume_from)
+    _report_run(result, out, fmt)
+
+
+def _check_run_flags(endpoint: str, fmt: str, max_concurrency: int | None) -> None:
+    """Exit with a message when a flag of ``live run`` has a value it does not take."""
+    if endpoint not in ("completions", "chat"):
+        fail(f"--endpoint: must be completions or chat, got {endpoint!r}")
+    if fmt not in ("parquet", "csv"):
+        fail(f"--format: must be parquet or csv, got {fmt!r}")
+    if max_concurrency is not None and max_concurrency < 1:
+        fail(f"--max-concurrency: must be >= 1, got {max_concurrency}")
+
+
+def _read_resume_or_exit(out: Path, scenario: Scenario, requests: list[Request]) -> RecordsFile:
+    """The interrupted run in ``out`` to resume, its warnings printed; exit if it cannot be."""
+    from live.replay import RecordsFileError
+    from live.run import read_resume
+
     try:
-        with scenario_server(scenario, url, launch, model, out / "server.log", vocab_size) as (
-            base,
-            served,
-            vocab,
-        ):
-            target = Target(base, served, endpoint)  # type: ignore[arg-type]
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            resume_from = read_resume(out, scenario, requests)
+    except RecordsFileError as exc:
+        fail(f"--resume: {exc}; run without --resume to start a fresh run")
+    for warning in caught:
+        stderr.print(f"[yellow]warning:[/] {warning.message}", highlight=False, markup=True)
+    kept = len(resume_from.kept())
+    stderr.print(
+        f"resuming {out}: {kept} of {len(requests)} requests already recorded ok or "
+        f"rejected, sending {len(requests) - kept}",
+        highlight=False,
+    )
+    return resume_from
+
+
+@dataclass(frozen=True)
+class _ServerChoice:
+    """The ``live run`` flags that say which server to replay against, and how to talk to it."""
+
+    url: str | None
+    launch: bool
+    model: str | None
+    vocab_size: int | None
+    endpoint: str
+
+
+def _replay_on_server(
+    scenario: Scenario,
+    server: _ServerChoice,
+    out: Path,
+    options: ReplayOptions,
+    requests: list[Request],
+    resume_from: RecordsFile | None,
+) -> LiveResult:
+    """Launch or attach to the server and replay; exit 130 on Ctrl-C, 1 if warm-up fails."""
+    from live.replay import ReplayError, Target
+    from live.run import run_live
+    from live.tokens import PromptTokens
+
+    try:
+        with scenario_server(
+            scenario, server.url, server.launch, server.model, out / "server.log", server.vocab_size
+        ) as (base, served, vocab):
+            target = Target(base, served, server.endpoint)  # type: ignore[arg-type]
             stderr.print(f"replaying {scenario.name} against {target.base_url}", highlight=False)
-            result = run_live(
+            return run_live(
                 scenario,
                 target,
                 PromptTokens(vocab),
@@ -221,6 +264,10 @@ def run_command(
             "--resume)"
         )
         raise typer.Exit(code=130) from None
+
+
+def _report_run(result: LiveResult, out: Path, fmt: str) -> None:
+    """Write the run's files and print its summary; exit 1 when the run was interrupted."""
     for path in result.write(out, "csv" if fmt == "csv" else "parquet"):
         stderr.print(f"wrote {path}", highlight=False)
     summary = result.summary

@@ -10,39 +10,37 @@ replay must stop; the partial result is handed to ``on_partial`` first.
 
 No retries happen here: an open-loop replay sends each request once at its arrival time, and
 retrying would change the load offered to the server. ``Retry-After`` is reported, not obeyed.
+
+The steps of a request: :func:`_build_request` makes the POST, :func:`_exchange` reads the
+answer (the SSE bytes decoded by :mod:`live.sse`, each event applied to a :class:`_StreamState`),
+and :mod:`live.stream_faults` turns whatever went wrong into a status and a message.
 """
 
 from __future__ import annotations
 
 import asyncio
-import email.utils
 import json
 import math
-import re
-import socket
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
-from http import HTTPStatus
 from typing import Any, Literal
 
 import httpx
 
+from live.sse import MalformedSseError, SseDecoder, SseEvent, excerpt
+from live.stream_faults import (
+    REJECTED_HTTP_STATUSES,
+    error_message,
+    error_message_from_body,
+    exception_fault,
+    http_error_fault,
+    parse_retry_after,
+)
 from sim.engine.request import RequestStatus
-
-#: Status codes that mean "the server will never accept this request as sent" (vLLM answers 400
-#: for a prompt longer than ``max_model_len``); they end a request as REJECTED, not ERROR.
-REJECTED_HTTP_STATUSES: frozenset[int] = frozenset({400, 413, 422})
 
 #: How much of an error body is read and quoted in an error message.
 _MAX_ERROR_BODY_BYTES = 4096
-_MAX_EXCERPT_CHARS = 300
-#: A line longer than this is not SSE from an inference server; stop buffering it.
-_MAX_LINE_BYTES = 16 * 1024 * 1024
-
-_LINE_END = re.compile(rb"\r\n|\r|\n")
-_BOM = "\ufeff"
 
 
 @dataclass(slots=True)
@@ -125,17 +123,18 @@ async def stream_completion(
     request a replay keeps in flight, or requests wait for a connection (and fail after
     ``timeout_s``).
     """
-    url, body = _request_body(endpoint, base_url, model, prompt_token_ids, max_tokens)
-    if extra_body:
-        body.update(extra_body)
     # Built before send_s so that a body that cannot be serialized is the caller's bug (it
     # raises) rather than a request that was "sent".
-    request = client.build_request(
-        "POST",
-        url,
-        json=body,
-        headers={"Accept": "text/event-stream"},
-        timeout=httpx.Timeout(timeout_s, read=read_timeout_s),
+    url, request = _build_request(
+        client,
+        endpoint,
+        base_url,
+        model,
+        prompt_token_ids,
+        max_tokens,
+        extra_body=extra_body,
+        timeout_s=timeout_s,
+        read_timeout_s=read_timeout_s,
     )
     stream = _StreamState(clock=clock, max_tokens=max_tokens)
     stream.send_s = clock()
@@ -149,175 +148,11 @@ async def stream_completion(
         if on_partial is not None:
             on_partial(result)
         raise
-    except TimeoutError:
-        return stream.end(
-            RequestStatus.TIMEOUT,
-            f"deadline of {timeout_s:g} s exceeded after {stream.num_tokens} tokens",
-        )
-    except httpx.ConnectTimeout as exc:
-        return stream.end(RequestStatus.ERROR, f"connection timeout: {_describe(exc)}")
-    except httpx.PoolTimeout as exc:
-        return stream.end(
-            RequestStatus.ERROR,
-            f"no free connection in the client's pool (raise httpx.Limits): {_describe(exc)}",
-        )
-    except httpx.ReadTimeout:
-        return stream.end(
-            RequestStatus.TIMEOUT,
-            f"read timeout: no bytes for {read_timeout_s:g} s after {stream.num_tokens} tokens",
-        )
-    except httpx.WriteTimeout:
-        return stream.end(
-            RequestStatus.TIMEOUT, f"write timeout: request not sent within {timeout_s:g} s"
-        )
-    except httpx.ConnectError as exc:
-        return stream.end(RequestStatus.ERROR, _connect_error_message(exc, url))
-    except httpx.RemoteProtocolError as exc:
-        return stream.end(
-            RequestStatus.ERROR,
-            f"connection closed by server after {stream.num_tokens} tokens: {_describe(exc)}",
-        )
-    except httpx.HTTPError as exc:
-        return stream.end(
-            RequestStatus.ERROR,
-            f"{type(exc).__name__} after {stream.num_tokens} tokens: {_describe(exc)}",
-        )
-    except MalformedSseError as exc:
-        return stream.end(RequestStatus.ERROR, str(exc))
     except Exception as exc:
-        # A fault nobody foresaw (or a bug here) must still end the request with a record.
-        return stream.end(
-            RequestStatus.ERROR,
-            f"unexpected {type(exc).__name__} after {stream.num_tokens} tokens: {_describe(exc)}",
-        )
+        # Every other fault, the deadline included, ends the request with a status and a record.
+        status, message = exception_fault(exc, url, stream.num_tokens, timeout_s, read_timeout_s)
+        return stream.end(status, message)
     return stream.result()
-
-
-def parse_retry_after(value: str | None, now: datetime | None = None) -> float | None:
-    """Seconds to wait from a ``Retry-After`` header: delay-seconds or an HTTP-date.
-
-    A date in the past gives 0; an absent or unparseable header gives None.
-    """
-    if value is None:
-        return None
-    value = value.strip()
-    try:
-        seconds = float(value)
-    except ValueError:
-        pass
-    else:
-        return seconds if math.isfinite(seconds) and seconds >= 0 else None
-    try:
-        when = email.utils.parsedate_to_datetime(value)
-    except (TypeError, ValueError, IndexError):
-        return None
-    if when.tzinfo is None:
-        when = when.replace(tzinfo=UTC)
-    now = now if now is not None else datetime.now(UTC)
-    return max(0.0, (when - now).total_seconds())
-
-
-class MalformedSseError(ValueError):
-    """The stream is not the SSE/JSON an OpenAI-compatible server sends.
-
-    The message reads ``malformed SSE line 7: <reason>: '<the offending text>'``.
-    """
-
-    def __init__(self, line_number: int, reason: str, text: str) -> None:
-        super().__init__(f"malformed SSE line {line_number}: {reason}: {_excerpt(text)!r}")
-        self.line_number = line_number
-
-
-@dataclass(frozen=True, slots=True)
-class SseEvent:
-    """One dispatched Server-Sent Event: its data (lines joined by newlines) and event type.
-
-    ``line_number`` is the 1-based line of the stream where the event's first data line was.
-    """
-
-    data: str
-    event_type: str
-    line_number: int
-
-
-class SseDecoder:
-    """Incremental Server-Sent Events parser (WHATWG HTML, "Parsing an event stream").
-
-    Bytes may be split anywhere (inside a line, a UTF-8 sequence, or a CRLF pair); lines end
-    with CRLF, LF or CR; lines starting with ``:`` are comments (keep-alives); ``data`` lines of
-    one event are joined with ``\\n``; a blank line dispatches the event; an event left without
-    a blank line at the end of the stream is discarded, as the standard says.
-
-    Stricter than the standard in one way: a field other than ``data``, ``event``, ``id`` or
-    ``retry`` raises :class:`MalformedSseError` instead of being ignored, because an inference
-    server never sends one, and silently skipping a line we do not understand could hide tokens.
-    """
-
-    def __init__(self) -> None:
-        self._buffer = bytearray()
-        self._skip_leading_lf = False  # the previous chunk ended with CR, maybe half a CRLF
-        self._data_lines: list[str] = []
-        self._event_type = ""
-        self._first_data_line = 0
-        self.line_number = 0  # lines completed so far
-
-    def feed(self, data: bytes) -> list[SseEvent]:
-        """Parse the next bytes of the stream; return the events they complete."""
-        if not data:
-            return []
-        if self._skip_leading_lf and data[:1] == b"\n":
-            data = data[1:]
-        self._skip_leading_lf = False
-        self._buffer += data
-        events: list[SseEvent] = []
-        start = 0
-        for match in _LINE_END.finditer(self._buffer):
-            line = bytes(self._buffer[start : match.start()])
-            start = match.end()
-            if match.group() == b"\r" and start == len(self._buffer):
-                self._skip_leading_lf = True
-            event = self._line(line)
-            if event is not None:
-                events.append(event)
-        del self._buffer[:start]
-        if len(self._buffer) > _MAX_LINE_BYTES:
-            raise MalformedSseError(
-                self.line_number + 1,
-                f"line longer than {_MAX_LINE_BYTES} bytes",
-                self._buffer[:_MAX_EXCERPT_CHARS].decode("utf-8", errors="replace"),
-            )
-        return events
-
-    def _line(self, raw: bytes) -> SseEvent | None:
-        self.line_number += 1
-        line = raw.decode("utf-8", errors="replace")
-        if self.line_number == 1 and line.startswith(_BOM):
-            line = line[1:]
-        if not line:
-            return self._dispatch()
-        if line.startswith(":"):
-            return None
-        name, colon, value = line.partition(":")
-        if colon and value.startswith(" "):
-            value = value[1:]
-        if name == "data":
-            if not self._data_lines:
-                self._first_data_line = self.line_number
-            self._data_lines.append(value)
-        elif name == "event":
-            self._event_type = value
-        elif name not in ("id", "retry"):
-            raise MalformedSseError(self.line_number, f"unknown field {name!r}", line)
-        return None
-
-    def _dispatch(self) -> SseEvent | None:
-        if not self._data_lines:
-            self._event_type = ""
-            return None
-        event = SseEvent("\n".join(self._data_lines), self._event_type, self._first_data_line)
-        self._data_lines = []
-        self._event_type = ""
-        return event
 
 
 @dataclass(slots=True)
@@ -385,9 +220,9 @@ class _StreamState:
         if not isinstance(chunk, dict):
             raise MalformedSseError(event.line_number, "expected a JSON object", event.data)
         if event.event_type == "error" or chunk.get("error") is not None:
-            return self._fail_in_stream(now_s, _error_message(chunk) or _excerpt(event.data))
+            return self._fail_in_stream(now_s, error_message(chunk) or excerpt(event.data))
         if chunk.get("object") == "error":
-            return self._fail_in_stream(now_s, _error_message(chunk) or _excerpt(event.data))
+            return self._fail_in_stream(now_s, error_message(chunk) or excerpt(event.data))
         self._read_usage(chunk.get("usage"), event)
         choices = chunk.get("choices") or []
         if not isinstance(choices, list):
@@ -467,7 +302,7 @@ async def _exchange(
         media_type = content_type.split(";", 1)[0].strip().lower()
         if media_type and media_type != "text/event-stream":
             body = await _read_excerpt(response)
-            message = _error_message_from_body(body)
+            message = error_message_from_body(body)
             stream.end(
                 RequestStatus.ERROR,
                 f"expected text/event-stream, got {content_type!r}: {message}",
@@ -487,17 +322,13 @@ async def _exchange(
 
 
 async def _http_error(response: httpx.Response, stream: _StreamState) -> None:
+    """End ``stream`` with the status and message of an HTTP error answer."""
     code = response.status_code
     body = await _read_excerpt(response)
-    message = _error_message_from_body(body)
-    phrase = response.reason_phrase or _phrase(code)
-    head = f"{code} {phrase}"
     if code in (429, 503):
         stream.retry_after_s = parse_retry_after(response.headers.get("retry-after"))
-        if stream.retry_after_s is not None:
-            head += f" (retry after {stream.retry_after_s:g} s)"
-    status = RequestStatus.REJECTED if code in REJECTED_HTTP_STATUSES else RequestStatus.ERROR
-    stream.end(status, f"{head}: {message}" if message else head)
+    status, message = http_error_fault(code, response.reason_phrase, body, stream.retry_after_s)
+    stream.end(status, message)
 
 
 async def _read_excerpt(response: httpx.Response) -> bytes:
@@ -513,6 +344,35 @@ async def _read_excerpt(response: httpx.Response) -> bytes:
 def base_url(url: str) -> str:
     """``http://host:port`` from a server URL that may end in ``/`` or ``/v1``."""
     return url.rstrip("/").removesuffix("/v1")
+
+
+def _build_request(
+    client: httpx.AsyncClient,
+    endpoint: Literal["completions", "chat"],
+    server_url: str,
+    model: str,
+    prompt_token_ids: list[int],
+    max_tokens: int,
+    *,
+    extra_body: Mapping[str, Any] | None,
+    timeout_s: float,
+    read_timeout_s: float,
+) -> tuple[str, httpx.Request]:
+    """The URL and the streaming POST of one request (``extra_body`` merged last).
+
+    Raises for an unknown ``endpoint`` or a body that is not JSON, before anything is sent.
+    """
+    url, body = _request_body(endpoint, server_url, model, prompt_token_ids, max_tokens)
+    if extra_body:
+        body.update(extra_body)
+    request = client.build_request(
+        "POST",
+        url,
+        json=body,
+        headers={"Accept": "text/event-stream"},
+        timeout=httpx.Timeout(timeout_s, read=read_timeout_s),
+    )
+    return url, request
 
 
 def _request_body(
@@ -561,60 +421,19 @@ def _choice_text(choice: Mapping[str, Any]) -> bool:
     return False
 
 
-def _error_message(payload: Mapping[str, Any]) -> str:
-    """The message of an OpenAI/vLLM/FastAPI error object, or "" if there is none."""
-    error = payload.get("error")
-    if isinstance(error, dict) and error.get("message"):
-        return str(error["message"])
-    if isinstance(error, str) and error:
-        return error
-    for key in ("message", "detail"):
-        value = payload.get(key)
-        if isinstance(value, str) and value:
-            return value
-        if value:
-            return json.dumps(value)[:_MAX_EXCERPT_CHARS]
-    return ""
-
-
-def _error_message_from_body(body: bytes) -> str:
-    text = body.decode("utf-8", errors="replace")
-    try:
-        payload = json.loads(text)
-    except json.JSONDecodeError:
-        return _excerpt(text)
-    message = _error_message(payload) if isinstance(payload, dict) else ""
-    return message or _excerpt(text)
-
-
-def _connect_error_message(exc: httpx.ConnectError, url: str) -> str:
-    cause: BaseException | None = exc
-    while cause is not None:
-        if isinstance(cause, socket.gaierror):
-            return f"connection failed, DNS lookup: {url}: {cause}"
-        cause = cause.__cause__ or cause.__context__
-    return f"connection refused: {url}: {_describe(exc)}"
-
-
-def _describe(exc: BaseException) -> str:
-    return str(exc) or type(exc).__name__
-
-
-def _excerpt(text: str) -> str:
-    text = " ".join(text.split())
-    if len(text) <= _MAX_EXCERPT_CHARS:
-        return text
-    return text[:_MAX_EXCERPT_CHARS] + "…"
-
-
-def _phrase(code: int) -> str:
-    try:
-        return HTTPStatus(code).phrase
-    except ValueError:
-        return "HTTP error"
-
-
 def _int_or(value: object, default: int | None) -> int | None:
     if isinstance(value, int) and not isinstance(value, bool):
         return value
     return default
+
+
+__all__ = [
+    "REJECTED_HTTP_STATUSES",
+    "MalformedSseError",
+    "SseDecoder",
+    "SseEvent",
+    "StreamResult",
+    "base_url",
+    "parse_retry_after",
+    "stream_completion",
+]

@@ -14,15 +14,15 @@ when it is large enough to distort the offered load.
 Such a run can be resumed from its records file (:func:`read_records`, then ``replay(...,
 resume_from=...)``): requests that ended ``ok`` or ``rejected`` keep their records and are not sent
 again; the others (``cancelled``, ``error``, ``timeout``, or no record at all) are sent again.
+Reading and rewriting the records file is :mod:`live.records_file`'s work; its public names are
+re-exported here.
 """
 
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import json
 import math
-import os
 import time
 import warnings
 from collections.abc import Callable, Coroutine, Sequence
@@ -34,6 +34,15 @@ import httpx
 import numpy as np
 
 from live.client import StreamResult, base_url, stream_completion
+from live.records_file import (
+    KEPT_STATUSES,
+    RecordsFile,
+    RecordsFileError,
+    RecordsFileWarning,
+    read_records,
+    requests_digest,
+    rewrite_records,
+)
 from live.tokens import PromptTokens
 from sim.engine.request import Record, Request, RequestStatus, later_turns
 
@@ -56,141 +65,6 @@ class Target:
 
 class ReplayError(RuntimeError):
     """The replay could not start: the warm-up requests failed (wrong URL, model, server down)."""
-
-
-class RecordsFileError(ValueError):
-    """A records file cannot be resumed from: missing, corrupt, or not this workload's."""
-
-
-class RecordsFileWarning(UserWarning):
-    """Something in a records file was ignored (a half-written last line)."""
-
-
-#: Statuses whose records a resumed run keeps. ``rejected`` is a 400/413/422 from the server: the
-#: same request would be rejected again, so sending it again would only repeat the answer.
-KEPT_STATUSES: frozenset[RequestStatus] = frozenset({RequestStatus.OK, RequestStatus.REJECTED})
-
-
-@dataclass(frozen=True)
-class RecordsFile:
-    """The records of an earlier (interrupted) run, read back for a resume.
-
-    ``lines_by_id`` holds each record's line exactly as it was written, so a resumed run keeps
-    the records it reuses byte for byte. ``note`` says what was ignored (empty when nothing was).
-    """
-
-    path: Path
-    records_by_id: dict[int, Record]
-    lines_by_id: dict[int, str]
-    note: str = ""
-
-    def kept(self) -> dict[int, Record]:
-        """The records a resumed run reuses: those with a status in :data:`KEPT_STATUSES`."""
-        return {i: r for i, r in self.records_by_id.items() if r.status in KEPT_STATUSES}
-
-
-def requests_digest(requests: Sequence[Request]) -> str:
-    """SHA-256 of the requests (every field), to tell whether a records file is theirs."""
-    text = repr(sorted(requests, key=lambda r: r.request_id))
-    return hashlib.sha256(text.encode()).hexdigest()
-
-
-def _record_from_row(row: object) -> Record:
-    """A record from one parsed line of ``records.jsonl`` (as :meth:`Record.as_row` wrote it)."""
-    if not isinstance(row, dict):
-        raise ValueError(f"expected a JSON object, got {type(row).__name__}")
-    try:
-        request_id = row["request_id"]
-        if not isinstance(request_id, int) or isinstance(request_id, bool):
-            raise ValueError(f"request_id must be an integer, got {request_id!r}")
-        record = Record(
-            request_id,
-            float(row["arrival_s"]),
-            int(row["prompt_tokens"]),
-            int(row["output_tokens"]),
-            scheduled_s=float(row["scheduled_s"]),
-            first_token_s=float(row["first_token_s"]),
-            finish_s=float(row["finish_s"]),
-            cached_tokens=int(row["cached_tokens"]),
-            num_preemptions=int(row["num_preemptions"]),
-            replica_id=int(row["replica_id"]),
-            status=RequestStatus(row["status"]),
-            error=str(row["error"]),
-            token_times_s=[float(t) for t in row.get("token_times_s", ())],
-        )
-    except KeyError as exc:
-        raise ValueError(f"field {exc.args[0]!r} is missing") from None
-    except (TypeError, ValueError) as exc:
-        raise ValueError(str(exc)) from None
-    return record
-
-
-def read_records(path: Path, requests: Sequence[Request]) -> RecordsFile:
-    """Read ``records.jsonl`` of an earlier run of ``requests`` for a resume.
-
-    A half-written last line (the run was killed while writing it) is ignored with a
-    :class:`RecordsFileWarning`; its request is simply sent again. Raises
-    :class:`RecordsFileError` when the file is missing, a line before the last is not a record,
-    a request id appears twice, or a record's request id or prompt length is not in ``requests``.
-    """
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise RecordsFileError(f"no records file at {path}: nothing to resume") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise RecordsFileError(f"cannot read {path}: {exc}") from None
-    by_id = {r.request_id: r for r in requests}
-    lines = text.split("\n")
-    # A file that ends with a newline splits into its lines plus one empty string.
-    complete = text.endswith("\n") or not text
-    records: dict[int, Record] = {}
-    raw: dict[int, str] = {}
-    line_of: dict[int, int] = {}
-    note = ""
-    for number, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        last = number == len(lines)
-        try:
-            record = _record_from_row(json.loads(line))
-        except ValueError as exc:  # json.JSONDecodeError is a ValueError
-            if last and not complete:
-                note = f"{path}:{number}: ignored a half-written last line (the run was killed?)"
-                warnings.warn(note, RecordsFileWarning, stacklevel=2)
-                continue
-            raise RecordsFileError(f"{path}:{number}: not a record: {exc}") from None
-        request_id = record.request_id
-        request = by_id.get(request_id)
-        if request is None:
-            raise RecordsFileError(
-                f"{path}:{number}: request id {request_id} is not in this workload's "
-                f"{len(by_id)} requests: the records are from another workload"
-            )
-        if record.prompt_tokens != request.prompt_tokens:
-            raise RecordsFileError(
-                f"{path}:{number}: request {request_id} has {record.prompt_tokens} prompt "
-                f"tokens, this workload's has {request.prompt_tokens}: the records are from "
-                "another workload"
-            )
-        if request_id in records:
-            raise RecordsFileError(
-                f"{path}:{number}: request id {request_id} already has a record (line "
-                f"{line_of[request_id]}): not a file one servesim run wrote"
-            )
-        records[request_id] = record
-        raw[request_id] = line
-        line_of[request_id] = number
-    return RecordsFile(path, records, raw, note)
-
-
-def _rewrite_records(path: Path, lines: Sequence[str]) -> None:
-    """Replace ``path`` by exactly ``lines`` (atomically: a kill leaves the old or new file)."""
-    partial = path.with_name(path.name + ".partial")
-    with partial.open("w", encoding="utf-8") as file:
-        file.writelines(line + "\n" for line in lines)
-        file.flush()
-        os.fsync(file.fileno())
-    partial.replace(path)
 
 
 @dataclass(frozen=True)
@@ -482,7 +356,7 @@ async def replay(
     options = options or ReplayOptions()
     kept = resume_from.kept() if resume_from is not None else {}
     if records_path is not None and resume_from is not None:
-        _rewrite_records(records_path, [resume_from.lines_by_id[i] for i in sorted(kept)])
+        rewrite_records(records_path, [resume_from.lines_by_id[i] for i in sorted(kept)])
     sink = records_path.open("a", encoding="utf-8") if records_path is not None else None
     state = _Replay(requests, target, tokens, options, sink, clock, kept)
     interrupted = False
@@ -527,3 +401,19 @@ async def replay(
         num_reused=len(kept),
         num_sent=len(state.lags),
     )
+
+
+__all__ = [
+    "KEPT_STATUSES",
+    "LoadGeneratorLagWarning",
+    "RecordsFile",
+    "RecordsFileError",
+    "RecordsFileWarning",
+    "ReplayError",
+    "ReplayOptions",
+    "ReplayResult",
+    "Target",
+    "read_records",
+    "replay",
+    "requests_digest",
+]
