@@ -52,7 +52,27 @@ def calibrate(
 
     With --operators, fit operator timing tables for the scenario's model, GPU and TP: public
     ones from shared/data, or ones timed here with torch (written next to the profile).
+    \f
+    The signature is long because typer makes each option a parameter; the body only checks that
+    one source of measurements was given and hands over to one helper per source.
     """
+    _check_one_source(url=url, launch=launch, operators=operators, records=records)
+    if records is not None:
+        _calibrate_from_records(load_or_exit(scenario_path), records, max_simulations, out)
+    elif operators is not None:
+        scenario = load_or_exit(scenario_path)
+        if operators == "torch" or Path(operators).is_dir():
+            _calibrate_from_torch(scenario, operators, device, out)
+        else:
+            _calibrate_from_operators(scenario, operators, data_dir, out)
+    else:
+        _calibrate_from_server(scenario_path, url, launch, model, budget, out)
+
+
+def _check_one_source(
+    *, url: str | None, launch: bool, operators: str | None, records: Path | None
+) -> None:
+    """Exit with an error naming the options when more than one source of measurements is set."""
     sources = [
         name
         for name, given in (
@@ -65,16 +85,18 @@ def calibrate(
     ]
     if len(sources) > 1:
         fail(f"{' and '.join(sources)}: give one source of measurements, not several")
-    if records is not None:
-        _calibrate_from_records(load_or_exit(scenario_path), records, max_simulations, out)
-        return
-    if operators is not None:
-        scenario = load_or_exit(scenario_path)
-        if operators == "torch" or Path(operators).is_dir():
-            _calibrate_from_torch(scenario, operators, device, out)
-        else:
-            _calibrate_from_operators(scenario, operators, data_dir, out)
-        return
+
+
+def _calibrate_from_server(
+    scenario_path: Path,
+    url: str | None,
+    launch: bool,
+    model: str | None,
+    budget: str,
+    out: Path,
+) -> None:
+    """Measure a server (the one at ``url``, or one launched) within ``budget``, fit the steps
+    and write the profile; print the coefficients as JSON."""
     from calibration.fit import fit_steps
     from calibration.measure_plan import MeasurementPlan, parse_budget
     from calibration.measure_runner import measure

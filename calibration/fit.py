@@ -237,14 +237,7 @@ def fit_from_records(
     the best coefficients seen are returned. Errors are reported over every request, points for
     at most :data:`MAX_REPORTED_POINTS` of them.
     """
-    if max_evaluations < 1:
-        raise ValueError(f"max_evaluations: must be >= 1, got {max_evaluations}")
-    missing = {"request_id", "ttft_s", "e2e_s"} - set(records.columns)
-    if missing:
-        raise ValueError(f"records: missing columns {sorted(missing)}; expected RECORD_COLUMNS")
-    measured = usable_records(records)
-    if measured.empty:
-        raise ValueError("records: no ok request with a positive ttft_s and e2e_s to fit to")
+    measured = _records_to_fit(records, max_evaluations)
     start = np.array([getattr(initial, name) for name in COEFFICIENT_NAMES], dtype=np.float64)
     free = np.flatnonzero(start > 0)
     if free.size == 0:
@@ -254,26 +247,61 @@ def fit_from_records(
         for i in range(len(COEFFICIENT_NAMES))
         if i not in free
     ]
+    fitted, search_notes = _search_records(measured, simulate, start, free, max_evaluations)
+    # The report, from one more replay of the fitted coefficients.
+    report = _records_report(measured, simulate(fitted), [*notes, *search_notes])
+    return fitted, report
 
-    def coefficients_at(log_values: np.ndarray) -> CalibratedCoefficients:
-        values = start.copy()
-        values[free] = np.exp(log_values)
-        return CalibratedCoefficients(
-            **{name: float(v) for name, v in zip(COEFFICIENT_NAMES, values, strict=True)}
-        )
 
+def _records_to_fit(records: pd.DataFrame, max_evaluations: int) -> pd.DataFrame:
+    """The usable records of a fit to records; ValueError for a bad budget, missing columns or
+    no usable request."""
+    if max_evaluations < 1:
+        raise ValueError(f"max_evaluations: must be >= 1, got {max_evaluations}")
+    missing = {"request_id", "ttft_s", "e2e_s"} - set(records.columns)
+    if missing:
+        raise ValueError(f"records: missing columns {sorted(missing)}; expected RECORD_COLUMNS")
+    measured = usable_records(records)
+    if measured.empty:
+        raise ValueError("records: no ok request with a positive ttft_s and e2e_s to fit to")
+    return measured
+
+
+def _coefficients_at(
+    start: np.ndarray, free: np.ndarray, log_values: np.ndarray
+) -> CalibratedCoefficients:
+    """``start`` with the ``free`` coefficients set to ``exp(log_values)``."""
+    values = start.copy()
+    values[free] = np.exp(log_values)
+    return CalibratedCoefficients(
+        **{name: float(v) for name, v in zip(COEFFICIENT_NAMES, values, strict=True)}
+    )
+
+
+def _search_records(
+    measured: pd.DataFrame,
+    simulate: Callable[[CalibratedCoefficients], pd.DataFrame],
+    start: np.ndarray,
+    free: np.ndarray,
+    max_evaluations: int,
+) -> tuple[CalibratedCoefficients, list[str]]:
+    """The best coefficients a log-space least squares from ``start`` finds within
+    ``max_evaluations`` simulations, and notes on how the search ended."""
     tracker = _Tracker(max_evaluations)
 
     def objective(log_values: np.ndarray) -> np.ndarray:
         if tracker.num_evaluations >= tracker.max_evaluations:
             raise _BudgetExhaustedError
         tracker.num_evaluations += 1
-        residuals = relative_residuals(measured, simulate(coefficients_at(log_values)))
+        residuals = relative_residuals(
+            measured, simulate(_coefficients_at(start, free, log_values))
+        )
         cost = float(residuals @ residuals)
         if cost < tracker.best_cost:
             tracker.best_cost, tracker.best_x = cost, log_values.copy()
         return residuals
 
+    notes: list[str] = []
     x0 = np.log(start[free])
     try:
         # A 5 % finite-difference step in log space: batching makes a replay's latencies jump
@@ -283,40 +311,28 @@ def fit_from_records(
     except _BudgetExhaustedError:
         notes.append(f"stopped after {max_evaluations} simulations (max_evaluations)")
     assert tracker.best_x is not None
-    fitted = coefficients_at(tracker.best_x)
     notes.append(f"{tracker.num_evaluations} simulations run")
+    return _coefficients_at(start, free, tracker.best_x), notes
 
-    # The report, from one more replay of the fitted coefficients.
-    simulated = _ok_rows(simulate(fitted)).set_index("request_id")
+
+def _records_report(
+    measured: pd.DataFrame, simulated_records: pd.DataFrame, notes: list[str]
+) -> FitReport:
+    """The report of a fit to records: relative TTFT then E2E errors of every measured request
+    against a replay (a request the replay did not complete counts as a 100 % error), points for
+    at most :data:`MAX_REPORTED_POINTS` of them, evenly spread."""
+    simulated = _ok_rows(simulated_records).set_index("request_id")
     points: list[dict[str, float]] = []
     errors: list[float] = []
     for metric in ("ttft", "e2e"):
-        column = f"{metric}_s"
-        truth = measured[column].to_numpy(dtype=np.float64)
-        predicted = (
-            measured["request_id"].map(simulated[column]).to_numpy(dtype=np.float64)
-            if column in simulated.columns
-            else np.full(truth.size, np.nan)
-        )
-        relative = np.where(np.isfinite(predicted), (predicted - truth) / truth, 1.0)
+        metric_points, relative = _metric_points(measured, simulated, metric)
         errors.extend(relative.tolist())
-        for request_id, m, p, r in zip(
-            measured["request_id"], truth, predicted, relative, strict=True
-        ):
-            points.append(
-                {
-                    "kind_code": kind_code(metric),
-                    "request_id": float(request_id),
-                    "measured_s": float(m),
-                    "predicted_s": float(p) if math.isfinite(p) else -1.0,
-                    "relative_error": float(r),
-                }
-            )
+        points.extend(metric_points)
     if len(points) > MAX_REPORTED_POINTS:
         keep = np.linspace(0, len(points) - 1, MAX_REPORTED_POINTS).round().astype(int)
         points = [points[i] for i in keep]
     mean, p90, worst = _error_summary(np.asarray(errors))
-    report = FitReport(
+    return FitReport(
         method="records_least_squares",
         num_points=len(errors),
         relative_error_mean=mean,
@@ -325,4 +341,31 @@ def fit_from_records(
         points=points,
         notes=notes,
     )
-    return fitted, report
+
+
+def _metric_points(
+    measured: pd.DataFrame, simulated: pd.DataFrame, metric: str
+) -> tuple[list[dict[str, float]], np.ndarray]:
+    """Report points and relative errors of one metric (``ttft`` or ``e2e``) per measured
+    request, against ``simulated`` indexed by request id."""
+    column = f"{metric}_s"
+    truth = measured[column].to_numpy(dtype=np.float64)
+    predicted = (
+        measured["request_id"].map(simulated[column]).to_numpy(dtype=np.float64)
+        if column in simulated.columns
+        else np.full(truth.size, np.nan)
+    )
+    relative = np.where(np.isfinite(predicted), (predicted - truth) / truth, 1.0)
+    points = [
+        {
+            "kind_code": kind_code(metric),
+            "request_id": float(request_id),
+            "measured_s": float(m),
+            "predicted_s": float(p) if math.isfinite(p) else -1.0,
+            "relative_error": float(r),
+        }
+        for request_id, m, p, r in zip(
+            measured["request_id"], truth, predicted, relative, strict=True
+        )
+    ]
+    return points, relative

@@ -4,8 +4,8 @@ For a GPU node where no vLLM can be launched (or before one is), this builds the
 decoder layer of the scenario's model at its per-GPU shapes — heads, KV heads and the MLP split
 over ``tensor_parallel_size`` as vLLM shards them — with random weights, and times each with
 CUDA events (``time.perf_counter`` around a synchronised call on the CPU). It writes the same two
-tables :mod:`calibration.operator_tables` reads from the public sources, so one reader and one
-fit serve both:
+tables :mod:`calibration.operator_sources` reads from the public sources, so one reader and one
+fit (:mod:`calibration.operator_tables`) serve both:
 
 ``layers.csv`` — LLMServingSim's columns ``layer_name,input,kv_cache,latency(ns)``
     One row per module and token count: ``input`` tokens of one sequence at once (a prefill of
@@ -194,83 +194,99 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
     return x * cos + rotated * sin
 
 
-def profile_operators(
-    model: ModelArch,
-    *,
-    tensor_parallel_size: int = 1,
-    dtype: str = "bf16",
-    device: str = "auto",
-    grid: ProfilerGrid | None = None,
-    threads: int | None = None,
-    progress: Callable[[int, int, str], None] | None = None,
-) -> OperatorTables:
-    """Time one decoder layer's operators (and the embedding, final norm and LM head) of
-    ``model`` at its per-GPU shapes under ``tensor_parallel_size``; see the module docstring.
+@dataclass(frozen=True)
+class _LayerShapes:
+    """One decoder layer's per-GPU sizes under tensor parallelism, as vLLM shards them."""
 
-    ``grid`` defaults to :meth:`ProfilerGrid.for_gpu` on a GPU and :meth:`ProfilerGrid.quick`
-    on a CPU. ``threads`` sets torch's intra-op threads (vLLM's CPU backend uses one core per
-    rank). Raises ValueError for a dtype or TP the profiler cannot build.
-    """
-    import torch
-    import torch.nn.functional as F  # noqa: N812 (torch's own convention)
+    heads: int
+    kv_heads: int
+    head_dim: int
+    hidden: int
+    intermediate: int
+    vocab: int
+    num_layers: int
 
-    if dtype not in TORCH_DTYPES:
-        raise ValueError(
-            f"dtype: the profiler builds {', '.join(TORCH_DTYPES)} weights, not {dtype!r} "
-            "(quantized kernels need the serving engine: calibrate with --launch)"
+    @classmethod
+    def of(cls, model: ModelArch, tp: int) -> _LayerShapes:
+        """Heads, KV heads (at least one), the MLP and the vocabulary split over ``tp`` GPUs."""
+        return cls(
+            heads=model.num_attention_heads // tp,
+            kv_heads=max(1, model.num_key_value_heads // tp),
+            head_dim=model.head_dim,
+            hidden=model.hidden_size,
+            intermediate=math.ceil(model.intermediate_size / tp),
+            vocab=math.ceil(model.vocab_size / tp),
+            num_layers=model.num_layers,
         )
-    tp = tensor_parallel_size
-    if tp < 1 or model.num_attention_heads % tp:
-        raise ValueError(
-            f"tensor_parallel_size: {tp} does not divide {model.name}'s "
-            f"{model.num_attention_heads} attention heads"
-        )
-    device = resolve_device(device)
-    if grid is None:
-        grid = (
-            ProfilerGrid.for_gpu(model.max_position_embeddings, 256)
-            if device.startswith("cuda")
-            else ProfilerGrid.quick()
-        )
-    if threads is not None:
-        torch.set_num_threads(threads)
-    torch_dtype = getattr(torch, TORCH_DTYPES[dtype])
-    generator = torch.Generator(device="cpu").manual_seed(0)
 
-    heads = model.num_attention_heads // tp
-    kv_heads = max(1, model.num_key_value_heads // tp)
-    head_dim = model.head_dim
-    hidden = model.hidden_size
-    inter = math.ceil(model.intermediate_size / tp)
-    vocab = math.ceil(model.vocab_size / tp)
+    def as_meta(self) -> dict[str, int]:
+        """The shapes as ``meta.json`` records them."""
+        return {
+            "heads_per_gpu": self.heads,
+            "kv_heads_per_gpu": self.kv_heads,
+            "head_dim": self.head_dim,
+            "hidden": self.hidden,
+            "intermediate_per_gpu": self.intermediate,
+            "vocab_per_gpu": self.vocab,
+            "num_layers": self.num_layers,
+        }
 
-    def weight(rows: int, cols: int) -> torch.Tensor:
-        w = torch.randn(rows, cols, generator=generator) / math.sqrt(cols)
-        return w.to(device=device, dtype=torch_dtype)
 
-    w_q, w_k = weight(heads * head_dim, hidden), weight(kv_heads * head_dim, hidden)
-    w_v = weight(kv_heads * head_dim, hidden)
-    w_o = weight(hidden, heads * head_dim)
-    w_gate, w_up, w_down = weight(inter, hidden), weight(inter, hidden), weight(hidden, inter)
-    w_lm = weight(vocab, hidden)
-    embedding = weight(vocab, hidden)
-    norm = torch.ones(hidden, device=device, dtype=torch_dtype)
-    timer = _Timer(device, grid.repetitions, grid.warmup)
+class _LayerOperators:
+    """Random weights of one decoder layer, the embedding and the LM head at per-GPU shapes,
+    and the calls to time on them. Every tensor comes from one generator seeded with 0, drawn in
+    a fixed order (the weights, then each shape's inputs as they are asked for)."""
 
-    def layer_operations(n: int) -> dict[str, Callable[[], object]]:
-        """Each module's call on ``n`` tokens, its inputs made once."""
-        ids = torch.randint(0, vocab, (n,), generator=generator).to(device)
-        x = torch.randn(n, hidden, generator=generator).to(device=device, dtype=torch_dtype)
+    def __init__(self, shapes: _LayerShapes, device: str, dtype: torch.dtype) -> None:
+        import torch
+
+        self.torch = torch
+        self.shapes = shapes
+        self.device = device
+        self.dtype = dtype
+        self.generator = torch.Generator(device="cpu").manual_seed(0)
+        heads, kv_heads, head_dim = shapes.heads, shapes.kv_heads, shapes.head_dim
+        hidden, inter, vocab = shapes.hidden, shapes.intermediate, shapes.vocab
+        self.w_q = self._weight(heads * head_dim, hidden)
+        self.w_k = self._weight(kv_heads * head_dim, hidden)
+        self.w_v = self._weight(kv_heads * head_dim, hidden)
+        self.w_o = self._weight(hidden, heads * head_dim)
+        self.w_gate, self.w_up = self._weight(inter, hidden), self._weight(inter, hidden)
+        self.w_down = self._weight(hidden, inter)
+        self.w_lm = self._weight(vocab, hidden)
+        self.embedding = self._weight(vocab, hidden)
+        self.norm = torch.ones(hidden, device=device, dtype=dtype)
+
+    def _weight(self, rows: int, cols: int) -> torch.Tensor:
+        w = self.torch.randn(rows, cols, generator=self.generator) / math.sqrt(cols)
+        return w.to(device=self.device, dtype=self.dtype)
+
+    def _random(self, *size: int) -> torch.Tensor:
+        """Normal values of ``size`` in the layer's dtype on its device."""
+        values = self.torch.randn(*size, generator=self.generator)
+        return values.to(device=self.device, dtype=self.dtype)
+
+    def layer(self, n: int) -> dict[str, Callable[[], object]]:
+        """Each module's call on ``n`` tokens (LLMServingSim's module names), its inputs made
+        once."""
+        torch = self.torch
+        import torch.nn.functional as F  # noqa: N812 (torch's own convention)
+
+        heads, kv_heads, head_dim = self.shapes.heads, self.shapes.kv_heads, self.shapes.head_dim
+        hidden, device, dtype = self.shapes.hidden, self.device, self.dtype
+        w_q, w_k, w_v, w_o = self.w_q, self.w_k, self.w_v, self.w_o
+        w_gate, w_up, w_down, w_lm = self.w_gate, self.w_up, self.w_down, self.w_lm
+        embedding, norm = self.embedding, self.norm
+        ids = torch.randint(0, self.shapes.vocab, (n,), generator=self.generator).to(device)
+        x = self._random(n, hidden)
         q = F.linear(x, w_q).view(n, heads, head_dim)
         k = F.linear(x, w_k).view(n, kv_heads, head_dim)
         v = F.linear(x, w_v).view(n, kv_heads, head_dim)
-        angle = torch.rand(n, 1, head_dim, generator=generator).to(device=device)
-        cos, sin = angle.cos().to(torch_dtype), angle.sin().to(torch_dtype)
+        angle = torch.rand(n, 1, head_dim, generator=self.generator).to(device=device)
+        cos, sin = angle.cos().to(dtype), angle.sin().to(dtype)
         # (1, heads, n, head_dim) for SDPA; grouped-query keys shared by enable_gqa.
         qa, ka, va = (t.transpose(0, 1).unsqueeze(0) for t in (q, k, v))
-        attn_out = torch.randn(n, heads * head_dim, generator=generator).to(
-            device=device, dtype=torch_dtype
-        )
+        attn_out = self._random(n, heads * head_dim)
         gate = F.linear(x, w_gate)
         up = F.linear(x, w_up)
         act = F.silu(gate) * up
@@ -294,14 +310,42 @@ def profile_operators(
             "lm_head": lambda: F.linear(x, w_lm),
         }
 
-    def decode_attention(batch: int, context: int) -> Callable[[], object]:
+    def decode_attention(self, batch: int, context: int) -> Callable[[], object]:
         """One layer's attention for ``batch`` one-token queries over ``context`` keys each."""
-        q1 = torch.randn(batch, heads, 1, head_dim, generator=generator)
-        kc = torch.randn(batch, kv_heads, context, head_dim, generator=generator)
-        q1, kc = q1.to(device=device, dtype=torch_dtype), kc.to(device=device, dtype=torch_dtype)
+        import torch.nn.functional as F  # noqa: N812 (torch's own convention)
+
+        heads, kv_heads, head_dim = self.shapes.heads, self.shapes.kv_heads, self.shapes.head_dim
+        q1 = self.torch.randn(batch, heads, 1, head_dim, generator=self.generator)
+        kc = self.torch.randn(batch, kv_heads, context, head_dim, generator=self.generator)
+        q1 = q1.to(device=self.device, dtype=self.dtype)
+        kc = kc.to(device=self.device, dtype=self.dtype)
         vc = kc.clone()
         return lambda: F.scaled_dot_product_attention(q1, kc, vc, enable_gqa=kv_heads != heads)
 
+
+def _check_buildable(model: ModelArch, dtype: str, tp: int) -> None:
+    """ValueError for a dtype the profiler has no weights for, or a TP that splits no heads."""
+    if dtype not in TORCH_DTYPES:
+        raise ValueError(
+            f"dtype: the profiler builds {', '.join(TORCH_DTYPES)} weights, not {dtype!r} "
+            "(quantized kernels need the serving engine: calibrate with --launch)"
+        )
+    if tp < 1 or model.num_attention_heads % tp:
+        raise ValueError(
+            f"tensor_parallel_size: {tp} does not divide {model.name}'s "
+            f"{model.num_attention_heads} attention heads"
+        )
+
+
+def _time_operators(
+    operators: _LayerOperators,
+    grid: ProfilerGrid,
+    timer: _Timer,
+    progress: Callable[[int, int, str], None] | None,
+) -> tuple[list[tuple[str, int, int, float]], list[tuple[int, int, float]]]:
+    """The ``layers.csv`` rows (module, tokens, 0, ns) of every token count of the grid, then the
+    ``decode_attention.csv`` rows (batch, context, µs) of every decode point that fits in
+    ``grid.max_decode_tokens``; ``progress(done, total, what)`` after each."""
     inputs = sorted(set(grid.prefill_tokens) | set(grid.decode_batches))
     decode_points = [
         (b, c)
@@ -312,27 +356,35 @@ def profile_operators(
     total = len(inputs) + len(decode_points)
     done = 0
     rows: list[tuple[str, int, int, float]] = []
-    with torch.inference_mode():
+    with operators.torch.inference_mode():
         for n in inputs:
-            operations = layer_operations(n)
-            for name, operation in operations.items():
+            for name, operation in operators.layer(n).items():
                 rows.append((name, n, 0, timer(operation) * 1e9))
             done += 1
             if progress is not None:
                 progress(done, total, f"layer at {n} tokens")
         decode_rows: list[tuple[int, int, float]] = []
         for batch, context in decode_points:
-            seconds = timer(decode_attention(batch, context))
+            seconds = timer(operators.decode_attention(batch, context))
             decode_rows.append((batch, context, seconds * 1e6))
             done += 1
             if progress is not None:
                 progress(done, total, f"decode attention {batch} × {context}")
+    return rows, decode_rows
+
+
+def _run_meta(
+    model: ModelArch, shapes: _LayerShapes, tp: int, dtype: str, device: str, grid: ProfilerGrid
+) -> dict[str, Any]:
+    """``meta.json``: what was profiled, where, with which torch, and when."""
+    import torch
+
     device_name = (
         torch.cuda.get_device_name(torch.device(device))
         if device.startswith("cuda")
         else platform.processor() or platform.machine()
     )
-    meta = {
+    return {
         "model": model.name,
         "tensor_parallel_size": tp,
         "dtype": dtype,
@@ -340,22 +392,50 @@ def profile_operators(
         "device_name": device_name,
         "torch_version": torch.__version__,
         "threads": torch.get_num_threads(),
-        "shapes": {
-            "heads_per_gpu": heads,
-            "kv_heads_per_gpu": kv_heads,
-            "head_dim": head_dim,
-            "hidden": hidden,
-            "intermediate_per_gpu": inter,
-            "vocab_per_gpu": vocab,
-            "num_layers": model.num_layers,
-        },
+        "shapes": shapes.as_meta(),
         "grid": {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(grid).items()},
         "created": now_iso(),
     }
+
+
+def profile_operators(
+    model: ModelArch,
+    *,
+    tensor_parallel_size: int = 1,
+    dtype: str = "bf16",
+    device: str = "auto",
+    grid: ProfilerGrid | None = None,
+    threads: int | None = None,
+    progress: Callable[[int, int, str], None] | None = None,
+) -> OperatorTables:
+    """Time one decoder layer's operators (and the embedding, final norm and LM head) of
+    ``model`` at its per-GPU shapes under ``tensor_parallel_size``; see the module docstring.
+
+    ``grid`` defaults to :meth:`ProfilerGrid.for_gpu` on a GPU and :meth:`ProfilerGrid.quick`
+    on a CPU. ``threads`` sets torch's intra-op threads (vLLM's CPU backend uses one core per
+    rank). Raises ValueError for a dtype or TP the profiler cannot build.
+    """
+    import torch
+
+    tp = tensor_parallel_size
+    _check_buildable(model, dtype, tp)
+    device = resolve_device(device)
+    if grid is None:
+        grid = (
+            ProfilerGrid.for_gpu(model.max_position_embeddings, 256)
+            if device.startswith("cuda")
+            else ProfilerGrid.quick()
+        )
+    if threads is not None:
+        torch.set_num_threads(threads)
+    shapes = _LayerShapes.of(model, tp)
+    operators = _LayerOperators(shapes, device, getattr(torch, TORCH_DTYPES[dtype]))
+    timer = _Timer(device, grid.repetitions, grid.warmup)
+    rows, decode_rows = _time_operators(operators, grid, timer, progress)
     return OperatorTables(
         pd.DataFrame(rows, columns=["layer_name", "input", "kv_cache", "latency(ns)"]),
         pd.DataFrame(decode_rows, columns=["batch_size", "kv_len", "latency_us"]),
-        meta,
+        _run_meta(model, shapes, tp, dtype, device, grid),
     )
 
 

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from dataclasses import asdict
 from pathlib import Path
 
 import pytest
 
+from calibration import operator_sources, operator_steps, operator_tables
 from calibration.fit import point_kind
 from calibration.operator_tables import (
     SHIPPED,
@@ -189,3 +192,34 @@ def test_a100_profiles_scale_the_h100_attention_kernels(shared_data: Path) -> No
     h100 = shipped_profile("h100-sxm", "llama-3.1-8b", 1, "llmservingsim+kernel_bench", shared_data)
     ratio = a100.coefficients.per_context_token_s / h100.coefficients.per_context_token_s
     assert 1.2 < ratio < 2.5
+
+
+def test_make_profiles_entry_point_writes_every_shipped_profile(
+    tmp_path: Path, shared_data: Path
+) -> None:
+    # `make profiles` runs `python -m calibration.operator_tables profiles ../shared/data`.
+    done = subprocess.run(
+        [sys.executable, "-m", "calibration.operator_tables", str(tmp_path), str(shared_data)],
+        cwd=PROFILES.parent,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    names = [shipped_profile_name(gpu, model, tp) for gpu, model, tp, _ in SHIPPED]
+    assert done.stdout.splitlines() == [str(tmp_path / name) for name in names]
+    for name in names:
+        written, shipped = load_profile(tmp_path / name), load_profile(PROFILES / name)
+        for field, value in asdict(shipped.coefficients).items():
+            assert getattr(written.coefficients, field) == pytest.approx(value, rel=1e-6), field
+
+
+def test_operator_tables_keeps_the_names_of_the_split_modules() -> None:
+    # The readers and step sums moved to operator_sources and operator_steps; importers of the
+    # single old module get the same objects.
+    for name in ("SOURCES", "MAX_DECODE_KV_LEN", "available"):
+        assert getattr(operator_tables, name) is getattr(operator_sources, name)
+    for name in ("PREFILL_LENGTHS", "operator_observations", "profiled_observations"):
+        assert getattr(operator_tables, name) is getattr(operator_steps, name)
+    assert operator_tables._LAYER_MODULES is operator_sources.LAYER_MODULES
+    assert set(operator_tables.__all__) <= set(dir(operator_tables))
