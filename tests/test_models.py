@@ -60,6 +60,7 @@ def _write(directory: Path, config: dict[str, Any]) -> Path:
 def test_catalogue_keys() -> None:
     assert model_names() == [
         "llama-3.1-8b",
+        "llama-2-7b",
         "llama-3.1-70b",
         "llama-3.1-405b",
         "llama-3.3-70b",
@@ -94,6 +95,7 @@ def test_exact_parameter_counts() -> None:
     assert get_model("llama-3.1-8b").num_params == 8_030_261_248
     assert get_model("qwen2.5-7b").num_params == 7_615_616_512
     assert get_model("mistral-7b").num_params == 7_248_023_552
+    assert get_model("meta-llama/Llama-2-7b-hf").num_params == 6_738_415_616
 
 
 def test_llama_8b_parameter_breakdown() -> None:

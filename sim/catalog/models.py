@@ -161,6 +161,21 @@ MODEL_CATALOG: dict[str, ModelArch] = {
         tie_word_embeddings=False,
         max_position_embeddings=131072,
     ),
+    # https://huggingface.co/meta-llama/Llama-2-7b-hf/blob/main/config.json (multi-head
+    # attention: 32 KV heads, so a token's KV is 4x Llama-3.1-8B's). The model of the real H100
+    # runs in shared/data/real_gpu_runs.
+    "llama-2-7b": ModelArch(
+        name="llama-2-7b",
+        num_layers=32,
+        hidden_size=4096,
+        num_attention_heads=32,
+        num_key_value_heads=32,
+        head_dim=128,
+        intermediate_size=11008,
+        vocab_size=32000,
+        tie_word_embeddings=False,
+        max_position_embeddings=4096,
+    ),
     # https://huggingface.co/meta-llama/Llama-3.1-70B/blob/main/config.json
     "llama-3.1-70b": ModelArch(
         name="llama-3.1-70b",
@@ -282,6 +297,8 @@ MODEL_CATALOG: dict[str, ModelArch] = {
 _MODEL_ALIASES: dict[str, str] = {
     "mistral-7b-v0.3": "mistral-7b",
     "mistral-7b-instruct-v0.3": "mistral-7b",
+    "llama-2-7b-hf": "llama-2-7b",
+    "llama-2-7b-chat-hf": "llama-2-7b",
 }
 
 

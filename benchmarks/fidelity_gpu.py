@@ -1,0 +1,198 @@
+"""GPU fidelity: the out-of-the-box (roofline) model against five real H100 runs.
+
+The runs are in ``shared/data/real_gpu_runs/h100_llama2_7b_inference_perf.csv`` (see that
+folder's entry in SOURCES.md): Llama-2-7B fp16 on one H100 SXM, vLLM 0.15.1, driven by
+inference-perf. Each stage's workload is rebuilt from the file's columns, as inference-perf's
+``shared_prefix`` data generator makes it:
+
+* 10 system prompts of ``system_prompt_tokens`` tokens × 10 questions = 100 distinct prompts of
+  ``prompt_tokens_mean`` tokens, sent in a shuffled order, cyclically (every prompt is sent once
+  per cycle, each cycle a fresh permutation), so after the first cycle every prompt is in the
+  prefix cache up to its last partial block;
+* ``output_tokens`` decoded by every request (``ignore_eos``);
+* Poisson arrivals at ``rate_rps`` whose gaps are rescaled so that exactly rate × duration
+  requests arrive in ``duration_s``;
+* a run's stage_1 follows its stage_0 on the same server without a pause (so it starts with a
+  warm cache and the stage_0 tail in flight): both are simulated as one run and scored apart.
+
+The prompts are written as a servesim JSONL trace whose ``hash_ids`` name each 16-token block
+by what it holds (the blocks inside the system prompt by the group; the rest by the prompt), so
+the simulated prefix cache hits exactly where vLLM's does. Nothing here is fitted to the runs:
+the scenario is the catalogue model and GPU with vLLM's engine flags of the run.
+
+Prints, per stage and metric, sim / real − 1, and the median |error| over the stages against
+the issue's targets (TTFT mean and p90 within 10%, TPOT and E2E within 5%).
+
+Run: ``.venv/bin/python benchmarks/fidelity_gpu.py [--seeds 3] [--json FILE]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+import warnings
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from sim.run import build
+from sim.scenario import parse_scenario
+
+RUNS = Path(__file__).resolve().parents[2] / "shared/data/real_gpu_runs"
+RUNS_FILE = RUNS / "h100_llama2_7b_inference_perf.csv"
+BLOCK = 16  # the runs' --block-size; hash ids are per block
+GROUPS, QUESTIONS = 10, 10
+METRICS = ("ttft", "tpot", "e2e")
+STATS = ("mean", "p50", "p90", "p99")
+#: The issue's targets: median |error| over the stages.
+TARGETS = {("ttft", "mean"): 0.10, ("ttft", "p90"): 0.10, ("tpot", "mean"): 0.05}
+TARGETS |= {("tpot", "p90"): 0.05, ("e2e", "mean"): 0.05, ("e2e", "p90"): 0.05}
+
+
+def output_tokens(cell: str) -> int:
+    """``"247 (max_tokens, ignore_eos)"`` → 247."""
+    return int(str(cell).split()[0])
+
+
+def stage_requests(stage: pd.Series, rng: np.random.Generator, start_s: float) -> list[dict]:
+    """One stage's requests as servesim JSONL rows (prompt ids cycled in shuffled order)."""
+    count = int(stage["num_requests"])
+    gaps = rng.exponential(1.0, count)
+    gaps *= float(stage["duration_s"]) / gaps.sum()  # exactly `count` arrivals in the duration
+    arrivals = start_s + np.cumsum(gaps) - gaps[0]
+    system = int(stage["system_prompt_tokens"])
+    prompt = round(float(stage["prompt_tokens_mean"]))
+    output = output_tokens(stage["output_tokens"])
+    cycles = -(-count // (GROUPS * QUESTIONS))
+    order = np.concatenate([rng.permutation(GROUPS * QUESTIONS) for _ in range(cycles)])[:count]
+    rows = []
+    for arrival, prompt_id in zip(arrivals, order, strict=True):
+        group = int(prompt_id) // QUESTIONS
+        blocks = -(-prompt // BLOCK)
+        # A block wholly inside the system prompt is the group's; any later block is the
+        # prompt's own (ids are kept apart by their ranges).
+        hash_ids = [
+            group * 1000 + b if (b + 1) * BLOCK <= system else 100_000 + int(prompt_id) * 1000 + b
+            for b in range(blocks)
+        ]
+        rows.append(
+            {
+                "arrival_s": float(arrival),
+                "prompt_tokens": prompt,
+                "output_tokens": output,
+                "hash_ids": hash_ids,
+                "block_tokens": BLOCK,
+            }
+        )
+    return rows
+
+
+def scenario(run: pd.DataFrame, trace: Path, seed: int) -> dict[str, Any]:
+    first = run.iloc[0]
+    return {
+        "name": f"real-{first['run_id']}",
+        "seed": seed,
+        "model": str(first["model"]),
+        "gpu": "h100-sxm",
+        "dtype": "fp16",
+        "engine": {
+            "tensor_parallel_size": int(first["tp"]),
+            "max_num_seqs": int(first["max_num_seqs"]),
+            "max_num_batched_tokens": int(first["max_num_batched_tokens"]),
+            "max_model_len": int(first["max_model_len"]),
+            "block_size": int(first["block_size"]),
+            "vllm_version": str(first["vllm_version"]),
+        },
+        "workload": {"trace": {"path": str(trace)}},
+    }
+
+
+def simulate_run(run: pd.DataFrame, seed: int, directory: Path) -> dict[str, dict[str, float]]:
+    """Simulate a run's stages back to back; per stage, the latency stats in ms."""
+    rng = np.random.default_rng(seed)
+    rows: list[dict] = []
+    bounds = []
+    start = 0.0
+    for _, stage in run.iterrows():
+        stage_rows = stage_requests(stage, rng, start)
+        bounds.append((str(stage["stage"]), len(rows), len(rows) + len(stage_rows)))
+        rows += stage_rows
+        start += float(stage["duration_s"])
+    trace = directory / f"{run.iloc[0]['run_id']}-{seed}.jsonl"
+    trace.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        records = build(parse_scenario(scenario(run, trace, seed))).run().records
+    records = records.sort_values("request_id").reset_index(drop=True)
+    result = {}
+    for stage, low, high in bounds:
+        part = records.iloc[low:high]
+        part = part[part["status"] == "ok"]
+        stats: dict[str, float] = {}
+        values = {
+            "ttft": part["ttft_s"] * 1e3,
+            "tpot": (part["e2e_s"] - part["ttft_s"]) / (part["output_tokens"] - 1) * 1e3,
+            "e2e": part["e2e_s"] * 1e3,
+        }
+        for metric, series in values.items():
+            stats[f"{metric}_mean"] = float(series.mean())
+            for q in (50, 90, 99):
+                stats[f"{metric}_p{q}"] = float(np.percentile(series, q))
+        result[stage] = stats
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seeds", type=int, default=3, help="arrival/order draws per run")
+    parser.add_argument("--json", type=Path, default=None, help="also write the table here")
+    args = parser.parse_args()
+    real = pd.read_csv(RUNS_FILE)
+    errors: dict[tuple[str, str], list[float]] = {}
+    table = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for run_id, run in real.groupby("run_id", sort=False):
+            sims = [simulate_run(run, seed, Path(tmp)) for seed in range(args.seeds)]
+            for _, stage in run.iterrows():
+                name = str(stage["stage"])
+                row: dict[str, Any] = {"run": run_id, "stage": name, "rate": stage["rate_rps"]}
+                for metric in METRICS:
+                    for stat in STATS:
+                        key = f"{metric}_{stat}"
+                        values = [s[name][key] for s in sims]
+                        err = float(np.mean(values)) / float(stage[f"{metric}_ms_{stat}"]) - 1
+                        row[key] = err
+                        row[f"{key}_sim_ms"] = float(np.mean(values))
+                        row[f"{key}_real_ms"] = float(stage[f"{metric}_ms_{stat}"])
+                        row[f"{key}_seed_spread"] = float(np.ptp(values)) / np.mean(values)
+                        errors.setdefault((metric, stat), []).append(err)
+                table.append(row)
+    print(f"sim/real - 1 on {len(table)} real H100 stages ({args.seeds} seeds each, mean)")
+    header = f"{'stage':44s} {'rps':>4s}  " + "  ".join(
+        f"{m}_{s:4s}" for m in METRICS for s in ("mean", "p90")
+    )
+    print(header)
+    for row in table:
+        cells = "  ".join(f"{row[f'{m}_{s}']:+9.1%}" for m in METRICS for s in ("mean", "p90"))
+        print(f"{row['run'][-22:] + ' ' + row['stage']:44s} {row['rate']:4.0f}  {cells}")
+    print("\nmedian |error| over stages (target):")
+    for (metric, stat), values in errors.items():
+        median = float(np.median(np.abs(values)))
+        target = TARGETS.get((metric, stat))
+        verdict = "" if target is None else (" ok" if median <= target else f" > {target:.0%}")
+        print(f"  {metric} {stat:4s} {median:6.1%}{verdict}")
+    print("\nsim vs real ms (mean):")
+    for row in table:
+        cells = "  ".join(
+            f"{m} {row[f'{m}_mean_sim_ms']:7.1f}/{row[f'{m}_mean_real_ms']:7.1f}" for m in METRICS
+        )
+        print(f"  {row['run'][-22:]} {row['stage']}: {cells}")
+    if args.json:
+        args.json.write_text(json.dumps(table, indent=2), encoding="utf-8")
+
+
+if __name__ == "__main__":
+    main()
