@@ -47,6 +47,10 @@ def calibrate(
     data_dir: Annotated[
         Path, typer.Option(help="where the operator tables are (shared/data)")
     ] = Path("../shared/data"),
+    vocab_size: Annotated[
+        int | None,
+        typer.Option(help="the model's vocabulary size (default: the scenario's model's)", min=1),
+    ] = None,
 ) -> None:
     """Measure a server (lone prefills, steady decode batches) and fit a latency profile.
 
@@ -66,7 +70,7 @@ def calibrate(
         else:
             _calibrate_from_operators(scenario, operators, data_dir, out)
     else:
-        _calibrate_from_server(scenario_path, url, launch, model, budget, out)
+        _calibrate_from_server(scenario_path, url, launch, model, budget, out, vocab_size)
 
 
 def _check_one_source(
@@ -94,6 +98,7 @@ def _calibrate_from_server(
     model: str | None,
     budget: str,
     out: Path,
+    vocab_size: int | None = None,
 ) -> None:
     """Measure a server (the one at ``url``, or one launched) within ``budget``, fit the steps
     and write the profile; print the coefficients as JSON."""
@@ -117,7 +122,8 @@ def _calibrate_from_server(
         max_num_batched_tokens=engine.max_num_batched_tokens,
     )
     out.parent.mkdir(parents=True, exist_ok=True)
-    with scenario_server(scenario, url, launch, model, out.with_suffix(".server.log")) as (
+    log = out.with_suffix(".server.log")
+    with scenario_server(scenario, url, launch, model, log, vocab_size) as (
         base_url,
         served,
         vocab,
@@ -320,6 +326,10 @@ def validate(
     model: Annotated[str | None, typer.Option(help="model to launch (path or id)")] = None,
     max_error: Annotated[float, typer.Option(help="bound on headline relative errors")] = 0.2,
     max_hit_rate_error: Annotated[float, typer.Option(help="bound in hit-rate points")] = 0.03,
+    vocab_size: Annotated[
+        int | None,
+        typer.Option(help="the model's vocabulary size (default: the scenario's model's)", min=1),
+    ] = None,
 ) -> None:
     """Simulate SCENARIO with PROFILE, run it live, print the errors; exit 1 above the bounds."""
     from calibration.validate import (
@@ -344,7 +354,7 @@ def validate(
     except ValueError as exc:
         fail(str(exc))
     out.mkdir(parents=True, exist_ok=True)
-    with scenario_server(scenario, url, launch, model, out / "server.log") as (
+    with scenario_server(scenario, url, launch, model, out / "server.log", vocab_size) as (
         base_url,
         served,
         vocab,

@@ -34,8 +34,11 @@ app = typer.Typer(
 TINY_MODEL = "servesim-tiny-llama"
 
 
-def vocab_size_of(model: str | None, vocab_size: int | None) -> int:
-    """The vocabulary to draw prompt token ids from: given, or read from a local model."""
+def vocab_size_of(
+    model: str | None, vocab_size: int | None, scenario: Scenario | None = None
+) -> int:
+    """The vocabulary to draw prompt token ids from: given, read from a local model, or the
+    scenario's model (catalogue, hf_config or custom dimensions)."""
     if vocab_size is not None:
         return vocab_size
     if model is not None:
@@ -47,6 +50,11 @@ def vocab_size_of(model: str | None, vocab_size: int | None) -> int:
                 fail(f"--model: cannot read vocab_size from {config}: {exc.problem}")
             except (KeyError, ValueError, TypeError) as exc:
                 fail(f"--model: cannot read vocab_size from {config}: {exc}")
+    if scenario is not None:
+        try:
+            return scenario.resolve_model().vocab_size
+        except ValueError:
+            pass  # an unreadable hf_config: say what to give instead
     fail(
         "--vocab-size: give the model's vocabulary size (or --model pointing at a local model "
         "directory) so prompts are made of valid token ids"
@@ -79,7 +87,7 @@ def scenario_server(
         from live.tiny_model import ensure_tiny_model
 
         model = str(ensure_tiny_model())
-    vocab = vocab_size_of(model, vocab_size)
+    vocab = vocab_size_of(model, vocab_size, scenario)
     if not launch:
         assert url is not None
         try:

@@ -116,3 +116,36 @@ def test_run_with_replications_reports_intervals_over_seeds(tmp_path: Path) -> N
     assert metric["half_width"] > 0
     bad = runner.invoke(app, ["run", str(path), "--replications", "0"])
     assert bad.exit_code == 2 and "--replications" in bad.output
+
+
+def test_calibrate_url_takes_the_vocabulary_from_the_scenarios_model(tmp_path: Path) -> None:
+    # Nothing listens on port 9: the command gets as far as the server (it no longer refuses
+    # for want of --vocab-size, which it did not have), and says the server is unreachable.
+    scenario = tmp_path / "s.yaml"
+    scenario.write_text(
+        "model: llama-3.1-8b\ngpu: h100-sxm\nworkload:\n  arrival: {type: poisson, rate: 1}\n"
+        "  prompt_tokens: {type: constant, value: 64}\n"
+        "  output_tokens: {type: constant, value: 8}\n  num_requests: 4\n",
+        encoding="utf-8",
+    )
+    args = ["calibrate", str(scenario), "--out", str(tmp_path / "p.json")]
+    result = runner.invoke(app, [*args, "--url", "http://127.0.0.1:9", "--budget", "10s"])
+    assert (
+        result.exit_code != 0
+        and result.exception is None
+        or isinstance(result.exception, SystemExit)
+    )
+    assert "--vocab-size" not in result.output
+    assert "127.0.0.1:9" in result.output
+    refused = runner.invoke(app, [*args, "--url", "http://127.0.0.1:9", "--vocab-size", "0"])
+    assert refused.exit_code == 2 and "--vocab-size" in refused.output
+
+
+def test_vocab_size_of_prefers_the_flag_then_the_scenarios_model() -> None:
+    from live.cli import vocab_size_of
+    from sim.scenario import parse_scenario
+    from tests.factories import scenario_dict
+
+    scenario = parse_scenario(scenario_dict())
+    assert vocab_size_of(None, None, scenario) == 128256  # Llama-3.1-8B's config.json
+    assert vocab_size_of(None, 1000, scenario) == 1000
