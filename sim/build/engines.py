@@ -4,6 +4,7 @@ random step) and the factory that makes replica ``i``'s engine."""
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 import numpy as np
@@ -96,7 +97,45 @@ def memory_plan(scenario: Scenario, model: ModelArch, gpu: GPU) -> MemoryPlan:
         raise ValueError(f"gpu: {exc}") from None
 
 
-def make_scheduler(scenario: Scenario, kv: KVCacheManager) -> Scheduler:
+#: The first vLLM release that schedules asynchronously by default (v0.14.0 release notes,
+#: https://github.com/vllm-project/vllm/releases/tag/v0.14.0: "Async scheduling is now enabled
+#: by default ... Excludes some not-yet-supported configurations: pipeline parallel, CPU
+#: backend, non-MTP/Eagle spec decoding").
+ASYNC_SCHEDULING_DEFAULT_SINCE = (0, 14)
+
+
+def _version(text: str) -> tuple[int, ...] | None:
+    """``"0.15.1"`` → ``(0, 15, 1)``; None when it does not start with numbers."""
+    parts = []
+    for piece in text.strip().lstrip("v").split("."):
+        digits = "".join(itertools.takewhile(str.isdigit, piece))
+        if not digits:
+            break
+        parts.append(int(digits))
+    return tuple(parts) or None
+
+
+def resolve_async_scheduling(scenario: Scenario, hardware_name: str) -> bool:
+    """Whether the replica schedules asynchronously: the engine's ``async_scheduling`` when
+    set, else vLLM's default for the deployment (on a GPU, from vLLM 0.14, or when the version
+    is not given; never under pipeline parallelism, on the CPU backend or for the constant and
+    exponential step models, which check the engine against queueing theory)."""
+    engine = scenario.engine
+    if engine.pipeline_parallel_size > 1 or engine.batching != "continuous":
+        return False
+    if engine.async_scheduling is not None:
+        return engine.async_scheduling
+    if isinstance(scenario.latency, (ConstantLatencySpec, ExponentialLatencySpec)):
+        return False
+    if "cpu" in hardware_name.lower():
+        return False
+    version = _version(engine.vllm_version) if engine.vllm_version else None
+    return version is None or version >= ASYNC_SCHEDULING_DEFAULT_SINCE
+
+
+def make_scheduler(
+    scenario: Scenario, kv: KVCacheManager, async_scheduling: bool = False
+) -> Scheduler:
     """The batching policy a scenario's engine section selects."""
     engine = scenario.engine
     config = SchedulerConfig(
@@ -109,6 +148,7 @@ def make_scheduler(scenario: Scenario, kv: KVCacheManager) -> Scheduler:
         pipeline_parallel_size=engine.pipeline_parallel_size,
         record_token_times=scenario.output.record_token_times,
         fast_forward=scenario.simulator.fast_forward,
+        async_scheduling=async_scheduling,
     )
     match engine.batching:
         case "continuous":
@@ -177,6 +217,10 @@ def make_engines(
             scenario, model, gpu, np.random.default_rng(replica_seed(0))
         )
     per_replica = coefficients is None and isinstance(scenario.latency, ExponentialLatencySpec)
+    hardware_name = gpu.name
+    if isinstance(scenario.latency, ProfileLatencySpec):
+        hardware_name = load_profile(scenario.latency.path).hardware
+    async_scheduling = resolve_async_scheduling(scenario, hardware_name)
 
     def make_engine(i: int) -> tuple[Scheduler, IterationTimeModel]:
         kv = KVCacheManager(plan.num_blocks, engine.block_size, caching)
@@ -184,7 +228,7 @@ def make_engines(
         if per_replica and i > 0:
             rng = np.random.default_rng(replica_seed(i))
             latency_model, _ = make_latency_model(scenario, model, gpu, rng)
-        return make_scheduler(scenario, kv), latency_model
+        return make_scheduler(scenario, kv, async_scheduling), latency_model
 
     if engine.pipeline_parallel_size > 1 and engine.batching != "continuous":
         raise ValueError(

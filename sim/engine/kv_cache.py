@@ -178,6 +178,18 @@ class KVCacheManager:
         """Blocks with no request referencing them (cached or not)."""
         return self.free_queue.num_free
 
+    def num_common_prefix_blocks(self, request_id: int, num_holders: int) -> int:
+        """Leading blocks of a request that ``num_holders`` requests hold (vLLM's
+        ``get_num_common_prefix_blocks``: with every running request as the holders, the prefix
+        they all share, which cascade attention reads once)."""
+        ref_count = self._ref_count
+        count = 0
+        for block_id in self._request_blocks.get(request_id, ()):
+            if ref_count[block_id] != num_holders:
+                break
+            count += 1
+        return count
+
     @property
     def usage(self) -> float:
         """Fraction of blocks referenced by requests, as vLLM's ``kv_cache_usage_perc``."""

@@ -43,6 +43,9 @@ class BatchShape:
     prefill_context_tokens: int = 0  # Σ c: cached/earlier tokens whose KV each chunk reads
     decode_context_tokens: int = 0  # Σ tokens each decode attends to (its whole sequence)
     num_sampled: int = 0  # rows that produce a token this step (LM-head rows)
+    # Of the context tokens above, those a cascade-attention kernel reads once for the whole
+    # batch instead of once per request (a prefix all of them share, beyond the first reader).
+    shared_context_tokens: int = 0
 
     @property
     def num_tokens(self) -> int:
@@ -70,15 +73,16 @@ class IterationTimeModel(Protocol):
 
 
 def decode_step_times(
-    model: IterationTimeModel, num_seqs: int, first_context: int, count: int
+    model: IterationTimeModel, num_seqs: int, first_context: int, count: int, shared: int = 0
 ) -> list[float]:
     """Step times of ``count`` consecutive pure-decode steps of ``num_seqs`` requests, the
-    first attending to ``first_context`` tokens in all and each next one to ``num_seqs`` more:
-    exactly ``model.step_time`` of each (a model may compute them faster, with the same
-    floating-point operations in the same order)."""
+    first attending to ``first_context`` tokens in all and each next one to ``num_seqs`` more,
+    ``shared`` of them in shared blocks throughout (new tokens are never shared): exactly
+    ``model.step_time`` of each (a model may compute them faster, with the same floating-point
+    operations in the same order)."""
     fast = getattr(model, "decode_step_times", None)
     if fast is not None:
-        result: list[float] = fast(num_seqs, first_context, count)
+        result: list[float] = fast(num_seqs, first_context, count, shared)
         return result
     return [
         model.step_time(
@@ -86,6 +90,7 @@ def decode_step_times(
                 num_decode_seqs=num_seqs,
                 decode_context_tokens=first_context + i * num_seqs,
                 num_sampled=num_seqs,
+                shared_context_tokens=shared,
             )
         )
         for i in range(count)
@@ -174,9 +179,12 @@ class CalibratedModel:
             + c.per_prefill_pair_s * batch.prefill_attention_pairs
         )
 
-    def decode_step_times(self, num_seqs: int, first_context: int, count: int) -> list[float]:
+    def decode_step_times(
+        self, num_seqs: int, first_context: int, count: int, shared: int = 0
+    ) -> list[float]:
         """:meth:`step_time` of consecutive pure-decode steps (see :func:`decode_step_times`),
-        term by term in the same order, so the same floats."""
+        term by term in the same order, so the same floats (``shared`` changes nothing here:
+        the fitted context cost is per token attended)."""
         c = self.coefficients
         fixed = c.step_overhead_s + c.per_prefill_token_s * 0 + c.per_decode_seq_s * num_seqs
         per_context, pairs = c.per_context_token_s, c.per_prefill_pair_s * 0
@@ -199,12 +207,35 @@ class RooflineParams:
     compute_efficiency: float = 0.7
     attention_compute_efficiency: float = 0.45
     bandwidth_efficiency: float = 0.8
+    # Decode attention streams the KV cache at a higher fraction of peak than GEMMs stream
+    # weights: 0.87 is the median over the H100 decode-attention kernel benchmarks in
+    # shared/data/inference_sim_kernel_bench/mha/decode/h100/*-tp1.csv with over 100 MB of KV
+    # per call (0.87 for Llama-2-7B's 32-32-128 and Llama-3-8B's 32-8-128 shapes; 10th–90th
+    # percentiles 0.79–0.94). tests/test_latency.py holds the model to that benchmark.
+    attention_bandwidth_efficiency: float = 0.87
     step_overhead_s: float = 0.0005  # scheduler + input preparation + sampling on the CPU
     allreduce_latency_s: float = 8e-6  # per all-reduce call, on NVLink-class links
     flash_attention: bool = True  # False: naive attention also writes/reads the score matrix
+    # The element-wise kernels of a layer (two RMSNorms, rotary embedding, SiLU·mul, two
+    # residual adds): a fixed latency per layer, plus their activation traffic per token at the
+    # achieved bandwidth (see RooflineModel.elementwise_time). 20 µs per layer is what they
+    # take at one token on an H100 in Vidur's Llama-2-7B operator profile (shared/data/vidur/
+    # profiling/compute/h100/meta-llama/Llama-2-7b-hf/mlp.csv, medians at num_tokens=1: input and
+    # post-attention layernorm 4 + 4 µs, attn_rope 4, mlp_act 6, add 1 × 2); they are small
+    # kernels, so their floor is launch- and latency-bound rather than bandwidth-bound.
+    layer_elementwise_s: float = 2.0e-5
+    # A prefix every running request shares, when vLLM uses cascade attention for it
+    # (sim/engine/scheduler.py cascade_shared_tokens), is read from memory once per step; False
+    # charges every request its whole context.
+    shared_kv_read_once: bool = True
 
     def __post_init__(self) -> None:
-        for name in ("compute_efficiency", "attention_compute_efficiency", "bandwidth_efficiency"):
+        for name in (
+            "compute_efficiency",
+            "attention_compute_efficiency",
+            "bandwidth_efficiency",
+            "attention_bandwidth_efficiency",
+        ):
             value = getattr(self, name)
             if not 0 < value <= 1:
                 raise ValueError(f"{name}: must be in (0, 1], got {value}")
@@ -212,6 +243,8 @@ class RooflineParams:
             raise ValueError(f"step_overhead_s: must be >= 0, got {self.step_overhead_s}")
         if self.allreduce_latency_s < 0:
             raise ValueError(f"allreduce_latency_s: must be >= 0, got {self.allreduce_latency_s}")
+        if self.layer_elementwise_s < 0:
+            raise ValueError(f"layer_elementwise_s: must be >= 0, got {self.layer_elementwise_s}")
 
 
 #: How quantized weights are computed with (scenario ``quantization``):
@@ -326,6 +359,7 @@ class RooflineModel:
         self._gemm_flops_per_s = flops * p.compute_efficiency
         self._attn_flops_per_s = gpu.tensor_flops("bf16") * p.attention_compute_efficiency
         self._bytes_per_s = gpu.memory_bandwidth_bytes_per_s * p.bandwidth_efficiency
+        self._kv_bytes_per_s = gpu.memory_bandwidth_bytes_per_s * p.attention_bandwidth_efficiency
         tp = self.tp
         layers = model.num_layers
         self._linear_flops_per_token = 2.0 * model.linear_params_per_layer * layers / tp
@@ -340,6 +374,15 @@ class RooflineModel:
         # Naive attention materialises the score matrix (fp32 write + read) per head and layer.
         self._score_bytes_per_pair = 0.0 if p.flash_attention else 8.0 * heads_per_gpu * layers
         self._activation_bytes_per_token = model.hidden_size * activation_bytes
+        # Element-wise traffic per token and layer, in elements read + written: each RMSNorm
+        # reads and writes the hidden state (2 × 2h), rotary reads and writes q and k (~4h
+        # for MHA, less with GQA: 2·(h + kv_dim)), the two residual adds read two and write one
+        # (2 × 3h), SiLU·mul reads gate and up and writes one (3·intermediate).
+        kv_dim = model.num_key_value_heads * model.head_dim
+        elementwise: float = 4 * model.hidden_size + 2 * (model.hidden_size + kv_dim)
+        elementwise += 6 * model.hidden_size + 3 * model.intermediate_size / tp
+        self._elementwise_bytes_per_token = elementwise * activation_bytes * layers
+        self._elementwise_floor_s = p.layer_elementwise_s * layers
         self._allreduces_per_step = 2 * layers if tp > 1 else 0
         link = gpu.link_bandwidth_bytes_per_s
         self._link_bytes_per_s = link
@@ -357,29 +400,46 @@ class RooflineModel:
             self.linear_time(tokens)
             + self.lm_head_time(batch.num_sampled)
             + self.attention_time(batch)
+            + self.elementwise_time(tokens)
             + self.communication_time(tokens)
             + self.pipeline_send_time(tokens)
             + self.params.step_overhead_s
         )
 
-    def decode_step_times(self, num_seqs: int, first_context: int, count: int) -> list[float]:
+    def decode_step_times(
+        self, num_seqs: int, first_context: int, count: int, shared: int = 0
+    ) -> list[float]:
         """:meth:`step_time` of consecutive pure-decode steps (see :func:`decode_step_times`),
         with the same operations in the same order, so the same floats."""
         linear_and_head = self.linear_time(num_seqs) + self.lm_head_time(num_seqs)
+        elementwise = self.elementwise_time(num_seqs)
         communication = self.communication_time(num_seqs)
         send = self.pipeline_send_time(num_seqs)
         overhead = self.params.step_overhead_s
         flops_per_pair, flops_per_s = self._attn_flops_per_pair, self._attn_flops_per_s
-        bytes_per_token = self._kv_bytes_per_token + self._score_bytes_per_pair
-        bytes_per_s = self._bytes_per_s
+        kv_bytes, score_bytes = self._kv_bytes_per_token, self._score_bytes_per_pair
+        bytes_per_s = self._kv_bytes_per_s
+        read_once = self.params.shared_kv_read_once
         times = []
         for i in range(count):
             context = first_context + i * num_seqs
+            unique = context - min(shared, context) if read_once else context
             attention = max(
-                context * flops_per_pair / flops_per_s, context * bytes_per_token / bytes_per_s
+                context * flops_per_pair / flops_per_s,
+                (unique * kv_bytes + context * score_bytes) / bytes_per_s,
             )
-            times.append(linear_and_head + attention + communication + send + overhead)
+            times.append(
+                linear_and_head + attention + elementwise + communication + send + overhead
+            )
         return times
+
+    def elementwise_time(self, num_tokens: int) -> float:
+        """The element-wise kernels of every layer: each kernel's fixed latency plus its
+        activation traffic (tests/test_latency.py holds both to Vidur's H100 profile)."""
+        return (
+            self._elementwise_floor_s
+            + num_tokens * self._elementwise_bytes_per_token / self._bytes_per_s
+        )
 
     def pipeline_send_time(self, num_tokens: int) -> float:
         """Activations sent from each pipeline stage to the next (none without PP)."""
@@ -406,23 +466,32 @@ class RooflineModel:
         )
 
     def attention_time(self, batch: BatchShape) -> float:
-        """Prefill chunks (compute-heavy) plus decodes (KV-read-heavy), every layer."""
+        """Prefill chunks (compute-heavy) plus decodes (KV-read-heavy), every layer.
+
+        KV in blocks shared by several requests (``shared_context_tokens``) is read from memory
+        once: the decodes' share first, the rest off the prefills' cached context. Every request
+        still computes over its whole context."""
         total = 0.0
+        shared = batch.shared_context_tokens if self.params.shared_kv_read_once else 0
+        decode_shared = min(shared, batch.decode_context_tokens)
         if batch.num_prefill_tokens:
             pairs = batch.prefill_attention_pairs
-            kv_tokens = batch.prefill_context_tokens + batch.num_prefill_tokens
+            cached = batch.prefill_context_tokens
+            kv_tokens = cached - min(shared - decode_shared, cached) + batch.num_prefill_tokens
             total += max(
                 pairs * self._attn_flops_per_pair / self._attn_flops_per_s,
                 (kv_tokens * self._kv_bytes_per_token + pairs * self._score_bytes_per_pair)
-                / self._bytes_per_s,
+                / self._kv_bytes_per_s,
             )
         if batch.num_decode_seqs:
             context = batch.decode_context_tokens
             total += max(
                 context * self._attn_flops_per_pair / self._attn_flops_per_s,
-                context
-                * (self._kv_bytes_per_token + self._score_bytes_per_pair)
-                / self._bytes_per_s,
+                (
+                    (context - decode_shared) * self._kv_bytes_per_token
+                    + context * self._score_bytes_per_pair
+                )
+                / self._kv_bytes_per_s,
             )
         return total
 

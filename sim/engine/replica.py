@@ -52,6 +52,7 @@ class _DecodeRun:
     end: int  # the last step planned so far (lowered when an arrival cuts the run short)
     limit: int  # the last step it may reach: a request finishes, or the free blocks run out
     context: int  # tokens step 2 attends to (each later step: one more per request)
+    shared: int  # of those, in blocks other requests hold too (the same in every step)
     started: int = 1
     completed: int = 0
     cut: bool = False
@@ -106,6 +107,11 @@ class Replica:
         )
         self._run: _DecodeRun | None = None
         self._interrupted = False  # the engine was interrupted to cut its run, not resumed yet
+        # Async scheduling (one engine loop only): requests that arrived while a step ran, with
+        # their arrival times, not yet seen by the scheduler (see _admit_pending).
+        self.async_scheduling = scheduler.options.async_scheduling and self.pipeline_depth == 1
+        self._pending: list[tuple[float, Sequence]] = []
+        self._busy = False  # a step (or run) is in progress
         self.process = env.process(
             self._engine_loop() if self.pipeline_depth == 1 else self._pipelined_loop()
         )
@@ -150,6 +156,13 @@ class Replica:
             seq.num_generated = 1
             seq.remote_transfer_s = remote_transfer_s
             seq.on_kv_admitted = on_kv_admitted
+        if self.async_scheduling and self._busy:
+            # The next step was scheduled when the current one started: this request waits for
+            # the one after it.
+            self._pending.append((self.env.now, seq))
+            if self._run is not None:
+                self._cut_run(1)
+            return
         self.scheduler.add(seq)
         self._wake()
 
@@ -162,14 +175,38 @@ class Replica:
     def _wake(self) -> None:
         if self._run is not None:
             # Something changed the scheduler's input: plan again after the step in progress.
-            self.sync()
-            self._run.end = self._run.started
-            self._run.cut = True
-            if not self._interrupted:
-                self._interrupted = True
-                self.process.interrupt()
+            self._cut_run(0)
         elif self._wakeup is not None and not self._wakeup.triggered:
             self._wakeup.succeed()
+
+    def _cut_run(self, steps_after: int) -> None:
+        """End the fast-forward run ``steps_after`` steps after the one in progress (never
+        later than where it already ends)."""
+        run = self._run
+        assert run is not None
+        self.sync()
+        end = min(run.started + steps_after, run.limit)
+        if end > run.end:
+            if run.cut:
+                return  # already cut earlier than this
+            self._plan_steps(run, end - run.end)
+        run.end = min(run.end, end) if run.cut else end
+        run.cut = True
+        if not self._interrupted:
+            self._interrupted = True
+            self.process.interrupt()
+
+    def _admit_pending(self, last_start_s: float, everything: bool) -> None:
+        """Give the scheduler the pending requests that arrived by ``last_start_s`` (the start
+        of the step that just ended: the next step was scheduled then), or all of them."""
+        pending = self._pending
+        count = len(pending) if everything else 0
+        if not everything:
+            while count < len(pending) and pending[count][0] <= last_start_s:
+                count += 1
+        for _, seq in pending[:count]:
+            self.scheduler.add(seq)
+        del pending[:count]
 
     def _rejection(self, request: Request) -> str:
         if request.total_tokens > self.max_model_len:
@@ -189,21 +226,36 @@ class Replica:
         env = self.env
         scheduler = self.scheduler
         step_time = self.latency_model.step_time
+        last_start = env.now
         while True:
+            if self._pending:
+                self._admit_pending(last_start, everything=False)
             plan = scheduler.schedule(env.now)
+            if plan is None and self._pending:
+                # Nothing to run: the engine schedules what arrived right away.
+                self._admit_pending(last_start, everything=True)
+                plan = scheduler.schedule(env.now)
             if plan is None:
+                self._busy = False
                 yield from self._idle()
                 continue
+            self._busy = self.async_scheduling
             # A step that only preempted runs no model (vLLM skips execution): it takes no time.
             duration = step_time(plan.batch) if plan.scheduled else 0.0
             self.num_steps += 1
             self.busy_s += duration
-            run = self._decode_run(plan, duration) if self.fast_forward else None
+            last_start = env.now
+            run = (
+                self._decode_run(plan, duration)
+                if self.fast_forward and not self._pending
+                else None
+            )
             if run is None:
                 yield env.timeout(duration)
                 self._completed(plan, env.now)
             else:
                 yield from self._fast_forward(run)
+                last_start = run.times[run.end - 1]
 
     def _idle(self) -> Generator[simpy.Event, Any, None]:
         """Sleep until a request arrives, a step finishes, or the scheduler's own wake time."""
@@ -263,7 +315,9 @@ class Replica:
                 return None
         seqs = [seq for seq, _ in rows]
         now = self.env.now
-        run = _DecodeRun(plan, seqs, [now, now + duration], [duration], 1, steps, context)
+        # The shared prefix stays as it is while no request comes or goes.
+        shared = batch.shared_context_tokens
+        run = _DecodeRun(plan, seqs, [now, now + duration], [duration], 1, steps, context, shared)
         self._plan_steps(run, FIRST_RUN_STEPS)
         return run
 
@@ -275,7 +329,9 @@ class Replica:
         num_seqs = len(run.seqs)
         # Step j attends to context + (j - 2) * num_seqs tokens.
         first_context = run.context + (run.end - 1) * num_seqs
-        durations = decode_step_times(self.latency_model, num_seqs, first_context, last - run.end)
+        durations = decode_step_times(
+            self.latency_model, num_seqs, first_context, last - run.end, run.shared
+        )
         times = run.times
         now = times[-1]
         for duration in durations:  # one addition at a time, as the step-by-step clock

@@ -58,6 +58,10 @@ class ReplicaOptions:
     # Advance predictable runs of decode steps as one event (sim/engine/replica.py); same
     # records.
     fast_forward: bool = True
+    # vLLM's async scheduling (the default on GPUs since vLLM 0.14, not under PP or on the CPU
+    # backend): step N+1 is scheduled while step N runs, so a request that arrives during step
+    # N first runs in step N+2 (sim/engine/replica.py).
+    async_scheduling: bool = False
 
 
 class Scheduler(Protocol):
@@ -162,10 +166,42 @@ class _SchedulerBase:
         record.status = RequestStatus.OK
 
 
+#: vLLM's cascade attention (FlashAttention backend, vllm/v1/attention/backends/flash_attn.py
+#: ``use_cascade_attention``): it splits attention over the prefix every running request shares
+#: from the rest only when that prefix is at least 256 tokens and at least 8 requests run.
+CASCADE_MIN_PREFIX_TOKENS = 256
+CASCADE_MIN_REQUESTS = 8
+
+
+def cascade_shared_tokens(
+    kv: KVCacheManager, running: list[Sequence], rows: list[tuple[Sequence, int]]
+) -> int:
+    """Context tokens that cascade attention reads once instead of once per request: with a
+    common prefix of ``p`` tokens over all running requests, all in this step, ``(n - 1)·p``;
+    else 0. The prefix is what vLLM finds (blocks every running request holds, capped by the
+    tokens each has computed), counted as it does from the first running request."""
+    num_rows = len(rows)
+    if num_rows < CASCADE_MIN_REQUESTS or num_rows != len(running):
+        return 0
+    blocks = kv.num_common_prefix_blocks(running[0].request_id, num_rows)
+    prefix = blocks * kv.block_size
+    if prefix < CASCADE_MIN_PREFIX_TOKENS:
+        return 0
+    prefix = min(prefix, min(seq.num_computed_tokens for seq, _ in rows))
+    prefix -= prefix % kv.block_size
+    if prefix < CASCADE_MIN_PREFIX_TOKENS:
+        return 0
+    return (num_rows - 1) * prefix
+
+
 def _shape(
-    rows: list[tuple[Sequence, int]], num_padding: int = 0, padding_context: int = 0
+    rows: list[tuple[Sequence, int]],
+    num_padding: int = 0,
+    padding_context: int = 0,
+    shared: int = 0,
 ) -> BatchShape:
-    """Aggregate a step's rows into the shape the iteration-time model needs."""
+    """Aggregate a step's rows into the shape the iteration-time model needs; ``shared``:
+    the context tokens read once for several requests (see :func:`cascade_shared_tokens`)."""
     prefill_tokens = prefill_seqs = decode_seqs = pairs = prefill_context = decode_context = 0
     sampled = 0
     for seq, n in rows:
@@ -190,6 +226,7 @@ def _shape(
         prefill_context_tokens=prefill_context,
         decode_context_tokens=decode_context + padding_context,
         num_sampled=sampled + num_padding,
+        shared_context_tokens=min(shared, decode_context + prefill_context),
     )
 
 
@@ -347,7 +384,8 @@ class ContinuousBatchScheduler(_SchedulerBase):
 
         if not scheduled:
             return None if not preempted else StepPlan([], preempted, BatchShape())
-        return StepPlan(scheduled, preempted, _shape(scheduled))
+        shared = cascade_shared_tokens(self.kv, self.running, scheduled)
+        return StepPlan(scheduled, preempted, _shape(scheduled, shared=shared))
 
     def _admit_waiting(
         self, now: float, group: int | None, budget: int, scheduled: list[tuple[Sequence, int]]

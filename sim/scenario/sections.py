@@ -79,6 +79,10 @@ class EngineSpec(Spec):
     scheduling_policy: Literal["fcfs", "priority"] = "fcfs"
     batching: Literal["continuous", "static", "dynamic"] = "continuous"
     vllm_version: str | None = None  # the deployment's vLLM version, checked against profiles
+    # vLLM's --async-scheduling. None: vLLM's default for this deployment (on from vLLM 0.14 on
+    # GPUs; off under pipeline parallelism, on the CPU backend and for queueing-theory step
+    # models); see sim/build/engines.py resolve_async_scheduling.
+    async_scheduling: bool | None = None
     batch_window_s: Annotated[float, Field(ge=0)] = 0.05  # dynamic batching only
 
 
@@ -90,6 +94,8 @@ class RooflineLatencySpec(Spec):
     compute_efficiency: Fraction = _ROOFLINE.compute_efficiency
     attention_compute_efficiency: Fraction = _ROOFLINE.attention_compute_efficiency
     bandwidth_efficiency: Fraction = _ROOFLINE.bandwidth_efficiency
+    attention_bandwidth_efficiency: Fraction = _ROOFLINE.attention_bandwidth_efficiency
+    layer_elementwise_s: Annotated[float, Field(ge=0)] = _ROOFLINE.layer_elementwise_s
     step_overhead_s: Annotated[float, Field(ge=0)] = _ROOFLINE.step_overhead_s
     flash_attention: bool = _ROOFLINE.flash_attention
 
