@@ -174,10 +174,11 @@ def main() -> None:
     header = f"{'stage':44s} {'rps':>4s}  " + "  ".join(
         f"{m}_{s:4s}" for m in METRICS for s in ("mean", "p90")
     )
-    print(header)
+    print(header + "  seed spread of TTFT mean")
     for row in table:
         cells = "  ".join(f"{row[f'{m}_{s}']:+9.1%}" for m in METRICS for s in ("mean", "p90"))
-        print(f"{row['run'][-22:] + ' ' + row['stage']:44s} {row['rate']:4.0f}  {cells}")
+        name = row["run"][-22:] + " " + row["stage"]
+        print(f"{name:44s} {row['rate']:4.0f}  {cells}  {row['ttft_mean_seed_spread']:6.1%}")
     print("\nmedian |error| over stages (target):")
     for (metric, stat), values in errors.items():
         median = float(np.median(np.abs(values)))

@@ -177,7 +177,8 @@ def low_load(batching: str, batch_window_s: float = 0.0) -> SimResult:
             prompt_tokens=500,
             output_tokens=16,
             num_requests=300,
-            latency={"type": "roofline"},
+            # No front end: queue_s is then the engine's own wait.
+            latency={"type": "roofline", "frontend_overhead_s": 0.0},
         )
     )
 

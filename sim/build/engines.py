@@ -75,7 +75,7 @@ def make_latency_model(
         quantization=scenario.quantization,
         pipeline_parallel_size=scenario.engine.pipeline_parallel_size,
     )
-    return roofline, 0.0
+    return roofline, spec.frontend_overhead_s
 
 
 def memory_plan(scenario: Scenario, model: ModelArch, gpu: GPU) -> MemoryPlan:

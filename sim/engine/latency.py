@@ -191,6 +191,16 @@ class CalibratedModel:
         return [fixed + per_context * (first_context + i * num_seqs) + pairs for i in range(count)]
 
 
+#: Time a request spends in vLLM's OpenAI front end and the client's HTTP stack, on top of the
+#: engine's TTFT, for the roofline (a calibration profile fits its own): client-side TTFT minus
+#: vLLM's ``vllm:time_to_first_token_seconds``, measured at +8.4 and +12.0 ms with the
+#: completions backend of ``vllm bench serve`` (512 tokens in, 128 out, 8 concurrent) in
+#: https://github.com/vllm-project/vllm/pull/54628 ("Backend parity" table). It covers HTTP,
+#: request validation, tokenization and SSE framing; it is a host cost, so a host that is much
+#: faster or slower than a workstation should set ``latency.frontend_overhead_s``.
+DEFAULT_FRONTEND_OVERHEAD_S = 0.010
+
+
 @dataclass(frozen=True, slots=True)
 class RooflineParams:
     """Efficiency factors and overheads of the roofline model.

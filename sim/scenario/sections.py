@@ -9,7 +9,7 @@ from typing import Annotated, Literal
 from pydantic import Field, model_validator
 
 from sim.catalog.hardware import GPU
-from sim.engine.latency import RooflineParams
+from sim.engine.latency import DEFAULT_FRONTEND_OVERHEAD_S, RooflineParams
 from sim.scenario.base import Fraction, PositiveFloat, PositiveInt, Spec
 
 _ROOFLINE = RooflineParams()
@@ -98,10 +98,13 @@ class RooflineLatencySpec(Spec):
     layer_elementwise_s: Annotated[float, Field(ge=0)] = _ROOFLINE.layer_elementwise_s
     step_overhead_s: Annotated[float, Field(ge=0)] = _ROOFLINE.step_overhead_s
     flash_attention: bool = _ROOFLINE.flash_attention
+    # Not a step's time: what the server's front end adds to every request (see
+    # sim/engine/latency.py DEFAULT_FRONTEND_OVERHEAD_S).
+    frontend_overhead_s: Annotated[float, Field(ge=0)] = DEFAULT_FRONTEND_OVERHEAD_S
 
     def params(self) -> RooflineParams:
         """The roofline model's parameters."""
-        return RooflineParams(**self.model_dump(exclude={"type"}))
+        return RooflineParams(**self.model_dump(exclude={"type", "frontend_overhead_s"}))
 
 
 class ConstantLatencySpec(Spec):
