@@ -40,6 +40,7 @@ COEFFICIENT_NAMES: tuple[str, ...] = (
     "per_decode_seq_s",
     "per_context_token_s",
     "per_prefill_pair_s",
+    "per_shared_context_token_s",
     "frontend_overhead_s",
 )
 
@@ -53,6 +54,7 @@ _UNIDENTIFIED_REASON = {
     "per_decode_seq_s": "no observation has decode sequences",
     "per_context_token_s": "no observation attends to earlier context (decodes or later chunks)",
     "per_prefill_pair_s": "no observation has prefill attention pairs",
+    "per_shared_context_token_s": "no observation reads a shared prefix",
     "frontend_overhead_s": "no observation includes the server front end (client-side TTFT)",
 }
 
@@ -72,7 +74,7 @@ def point_kind(point: dict[str, float]) -> str:
 
 
 def design_matrix(observations: Sequence[Observation]) -> np.ndarray:
-    """One row per observation: the five step regressors and the front-end indicator."""
+    """One row per observation: the six step regressors and the front-end indicator."""
     rows = [
         (*CalibratedModel.features(obs.batch), 1.0 if obs.includes_frontend else 0.0)
         for obs in observations
@@ -137,6 +139,12 @@ def fit_steps(
     solution = lsq_linear(system / column_norm, target, bounds=(0.0, np.inf), method="bvls")
     values = np.zeros(len(COEFFICIENT_NAMES))
     values[free] = np.maximum(solution.x / column_norm, 0.0)
+    shared = COEFFICIENT_NAMES.index("per_shared_context_token_s")
+    if shared not in free:
+        # Nothing measured reads a shared prefix: price it as any context token.
+        values[shared] = values[COEFFICIENT_NAMES.index("per_context_token_s")]
+        notes = [n for n in notes if not n.startswith("per_shared_context_token_s")]
+        notes.append("per_shared_context_token_s = per_context_token_s: no shared prefix measured")
     coefficients = CalibratedCoefficients(
         **{name: float(v) for name, v in zip(COEFFICIENT_NAMES, values, strict=True)}
     )
@@ -233,19 +241,22 @@ def fit_from_records(
     :data:`sim.engine.request.RECORD_COLUMNS`). Only ``ok`` measured requests with positive TTFT
     and E2E are fitted. The search is a trust-region least squares over the logs of the coefficients
     (so they stay positive) starting at ``initial``; coefficients that are 0 in ``initial``
-    stay 0. At most ``max_evaluations`` simulations run (finite-difference Jacobians included);
+    stay 0, and the shared-prefix term stays as ``initial`` has it. At most ``max_evaluations`` simulations run (finite-difference Jacobians included);
     the best coefficients seen are returned. Errors are reported over every request, points for
     at most :data:`MAX_REPORTED_POINTS` of them.
     """
     measured = _records_to_fit(records, max_evaluations)
     start = np.array([getattr(initial, name) for name in COEFFICIENT_NAMES], dtype=np.float64)
-    free = np.flatnonzero(start > 0)
+    # The shared-prefix term is measured by the step fit and held: most replays share little,
+    # and searching a term the replay barely moves would spend simulations on nothing.
+    held = COEFFICIENT_NAMES.index("per_shared_context_token_s")
+    free = np.flatnonzero((start > 0) & (np.arange(len(COEFFICIENT_NAMES)) != held))
     if free.size == 0:
         raise ValueError("initial: every coefficient is 0; give positive starting values")
     notes = [
         f"{COEFFICIENT_NAMES[i]} held at 0: it is 0 in the initial coefficients"
         for i in range(len(COEFFICIENT_NAMES))
-        if i not in free
+        if i not in free and i != held
     ]
     fitted, search_notes = _search_records(measured, simulate, start, free, max_evaluations)
     # The report, from one more replay of the fitted coefficients.

@@ -215,13 +215,18 @@ def prefill_observation(prompt_tokens: int, ttfts_s: Sequence[float]) -> Observa
     )
 
 
-def decode_observation(batch_size: int, windows: Sequence[DecodeWindow]) -> Observation:
-    """A steady decode batch's observation: median over repetitions of the window statistic."""
+def decode_observation(
+    batch_size: int, windows: Sequence[DecodeWindow], shared_prefix_tokens: int = 0
+) -> Observation:
+    """A steady decode batch's observation: median over repetitions of the window statistic.
+    With a shared prefix of ``P`` tokens, every request but the first reads it again:
+    ``(B − 1)·P`` shared context tokens."""
     return Observation(
         batch=BatchShape(
             num_decode_seqs=batch_size,
             decode_context_tokens=round(float(np.mean([w.decode_context_tokens for w in windows]))),
             num_sampled=batch_size,
+            shared_context_tokens=(batch_size - 1) * shared_prefix_tokens,
         ),
         seconds=float(np.median([w.step_s for w in windows])),
         kind="decode",

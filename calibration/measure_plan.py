@@ -10,6 +10,9 @@ sends to a server and :mod:`calibration.measure_extract` turns into observations
   ``decode_tokens`` plus the number of steps the batch's prompts take to prefill (early requests
   decode while later prompts are still being prefilled), so the window where all ``B`` decode
   holds about ``decode_tokens`` pure decode steps. ``B`` is capped at ``max_num_seqs``.
+* **shared decode** — a decode point whose ``B`` prompts start with the same ``P`` tokens (a
+  system prompt): the backend may read that KV once for all of them (the CPU's caches keep it;
+  on GPUs cascade attention reads a common prefix once), which the fit prices apart.
 * **mixed** — a decode batch of ``B`` at context ``C`` running, into which a fresh ``L``-token
   prompt arrives; the decodes ask for :data:`MIXED_EXTRA_TOKENS` more tokens, so none finishes
   before the prefill lands.
@@ -28,6 +31,8 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
+from sim.engine.scheduler import CASCADE_MIN_REQUESTS
+
 #: Output tokens of a lone prefill request: the first comes from the prefill step itself.
 PREFILL_MAX_TOKENS = 2
 #: Extra output tokens of a mixed point's decodes, so none finishes before the prefill lands.
@@ -36,6 +41,9 @@ MIXED_EXTRA_TOKENS = 16
 _PREFILL_LADDER = (32, 128, 512, 1024, 2048, 4096, 8192, 16384)
 _BATCH_LADDER = (1, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 _MIN_CONTEXT = 64
+#: A shared prefix is a multiple of this many tokens: whole blocks for every block size vLLM
+#: allows up to 128.
+SHARED_PREFIX_ALIGN = 128
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,6 +89,7 @@ class Point:
     batch_size: int = 0  # B of a decode or mixed point
     context_tokens: int = 0  # C of a decode or mixed point
     max_tokens: int = PREFILL_MAX_TOKENS  # output tokens per decode request
+    shared_prefix_tokens: int = 0  # P of a shared decode point: leading tokens all prompts share
 
     @property
     def label(self) -> str:
@@ -89,7 +98,8 @@ class Point:
             case "prefill":
                 return f"prefill L={self.prompt_tokens}"
             case "decode":
-                return f"decode B={self.batch_size} C={self.context_tokens}"
+                shared = f" P={self.shared_prefix_tokens}" if self.shared_prefix_tokens else ""
+                return f"decode B={self.batch_size} C={self.context_tokens}{shared}"
             case _:
                 return f"mixed B={self.batch_size} C={self.context_tokens} L={self.prompt_tokens}"
 
@@ -99,11 +109,14 @@ class Point:
             case "prefill":
                 return {"prompt_tokens": self.prompt_tokens}
             case "decode":
-                return {
+                params = {
                     "batch_size": self.batch_size,
                     "context_tokens": self.context_tokens,
                     "max_tokens": self.max_tokens,
                 }
+                if self.shared_prefix_tokens:
+                    params["shared_prefix_tokens"] = self.shared_prefix_tokens
+                return params
             case _:
                 return {
                     "batch_size": self.batch_size,
@@ -133,6 +146,7 @@ class MeasurementPlan:
     decode_contexts: tuple[int, ...]
     decode_tokens: int = 32
     mixed: bool = True
+    shared_prefix: bool = True
     repetitions: int = 3
     max_model_len: int | None = None
     max_num_seqs: int | None = None
@@ -245,6 +259,7 @@ class MeasurementPlan:
         candidates.append(replace(thinner, decode_contexts=_thin(contexts, 2)))
         candidates.append(replace(candidates[-1], repetitions=2))
         candidates.append(replace(candidates[-1], mixed=False))
+        candidates.append(replace(candidates[-1], shared_prefix=False))
         smallest = replace(
             candidates[-1],
             prefill_lengths=_thin(lengths, 3),
@@ -273,6 +288,7 @@ class MeasurementPlan:
                     max_tokens=self.decode_tokens + self.ramp_steps(batch, context),
                 )
             )
+        points.extend(self.shared_points())
         if self.mixed:
             length = sorted(self.prefill_lengths)[len(self.prefill_lengths) // 2]
             context = min(self.decode_contexts)
@@ -296,6 +312,33 @@ class MeasurementPlan:
                         max_tokens=max_tokens + MIXED_EXTRA_TOKENS,
                     )
                 )
+        return points
+
+    def shared_points(self) -> list[Point]:
+        """Shared decode points: the largest batch (of at least 8) at the largest context,
+        all but its last :data:`_MIN_CONTEXT` tokens a prefix the batch shares (a multiple of
+        :data:`SHARED_PREFIX_ALIGN`, so whole KV blocks are shared), and at the middle context
+        when there is one."""
+        if not self.shared_prefix:
+            return []
+        batch = max(self.capped_batches())
+        if batch < CASCADE_MIN_REQUESTS:
+            return []  # GPUs read a common prefix once only from 8 requests on
+        points = []
+        contexts = sorted(set(self.decode_contexts))
+        for context in dict.fromkeys([contexts[-1], contexts[len(contexts) // 2]]):
+            prefix = (context - _MIN_CONTEXT) // SHARED_PREFIX_ALIGN * SHARED_PREFIX_ALIGN
+            if prefix < SHARED_PREFIX_ALIGN:
+                continue
+            points.append(
+                Point(
+                    "decode",
+                    batch_size=batch,
+                    context_tokens=context,
+                    max_tokens=self.decode_tokens + self.ramp_steps(batch, context),
+                    shared_prefix_tokens=prefix,
+                )
+            )
         return points
 
     def capped_batches(self) -> tuple[int, ...]:

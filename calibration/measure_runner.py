@@ -322,13 +322,24 @@ class _Runner:
         entry, observation = _point_result(point, values, errors, details, windows, steps)
         return entry, observation, reps_run
 
+    def decode_prompt(self, index: int, repetition: int, request: int, point: Point) -> list[int]:
+        """A decode point's prompt: its own tokens, after the batch's shared prefix if any."""
+        shared = point.shared_prefix_tokens
+        own = self.prompt(index, repetition, request, point.context_tokens - shared)
+        if not shared:
+            return own
+        return self.prompt(index, repetition, -1, shared) + own
+
     async def decode_batch(self, index: int, repetition: int, point: Point) -> list[StreamResult]:
+        if point.shared_prefix_tokens:
+            # Cache the shared prefix first, as a system prompt is computed once and then hit:
+            # every request of the batch then holds the same blocks for it.
+            prefix = self.decode_prompt(index, repetition, -2, point)
+            await self.send(prefix[: point.shared_prefix_tokens + 1], 1)
         return list(
             await asyncio.gather(
                 *(
-                    self.send(
-                        self.prompt(index, repetition, i, point.context_tokens), point.max_tokens
-                    )
+                    self.send(self.decode_prompt(index, repetition, i, point), point.max_tokens)
                     for i in range(point.batch_size)
                 )
             )
@@ -384,7 +395,9 @@ def _point_result(
             case "prefill":
                 observation = prefill_observation(point.prompt_tokens, values)
             case "decode":
-                observation = decode_observation(point.batch_size, windows)
+                observation = decode_observation(
+                    point.batch_size, windows, point.shared_prefix_tokens
+                )
             case _:
                 observation = mixed_observation(point.prompt_tokens, steps)
     return entry, observation

@@ -112,3 +112,29 @@ def test_cascade_attention_reads_a_prefix_all_running_requests_share_once() -> N
 def test_no_cascade_where_vllm_would_not_use_it(count: int, prefix: int) -> None:
     scheduler, rows = running_with_prefix(count, prefix)
     assert cascade_shared_tokens(scheduler.kv, scheduler.running, rows) == 0
+
+
+def test_the_cpu_backend_reads_a_block_several_requests_hold_once() -> None:
+    # Three requests (fewer than cascade needs) share a 256-token prefix: on the CPU backend
+    # the second and third read those 16 blocks from cache, on a GPU they read them again.
+    from sim.engine.kv_cache import KVCacheManager
+    from sim.engine.scheduler import ContinuousBatchScheduler, ReplicaOptions, SchedulerConfig
+
+    def decode_shape(reads: str) -> Any:
+        kv = KVCacheManager(1000, 16, True)
+        config = SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=8192)
+        scheduler = ContinuousBatchScheduler(config, kv, ReplicaOptions(shared_kv_reads=reads))
+        for i in range(3):
+            request = make_request(i, prompt_tokens=300, output_tokens=8, shared_prefix_tokens=256)
+            scheduler.add(make_sequence(request))
+        plan = scheduler.schedule(0.0)
+        assert plan is not None
+        scheduler.complete(plan, 0.01)
+        decode = scheduler.schedule(0.01)
+        assert decode is not None
+        kv.check_invariants()
+        return decode.batch
+
+    assert decode_shape("cached").shared_context_tokens == 2 * 256
+    assert decode_shape("cascade").shared_context_tokens == 0
+    assert decode_shape("none").shared_context_tokens == 0

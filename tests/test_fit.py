@@ -40,6 +40,7 @@ TRUTH = CalibratedCoefficients(
     per_context_token_s=3e-8,
     per_prefill_pair_s=1e-9,
     frontend_overhead_s=0.003,
+    per_shared_context_token_s=4e-9,
 )
 
 
@@ -58,6 +59,16 @@ def decode(num_seqs: int, context: int) -> BatchShape:
     """``num_seqs`` decodes of ``context`` tokens each."""
     return BatchShape(
         num_decode_seqs=num_seqs, decode_context_tokens=num_seqs * context, num_sampled=num_seqs
+    )
+
+
+def shared_decode(num_seqs: int, context: int, prefix: int) -> BatchShape:
+    """``num_seqs`` decodes of ``context`` tokens whose first ``prefix`` they all share."""
+    return BatchShape(
+        num_decode_seqs=num_seqs,
+        decode_context_tokens=num_seqs * context,
+        num_sampled=num_seqs,
+        shared_context_tokens=(num_seqs - 1) * prefix,
     )
 
 
@@ -91,6 +102,8 @@ def synthetic(
             items.append((decode(b, c), "decode", False))
     for n, b, c in ((256, 32, 1024), (1024, 8, 4096), (64, 128, 512)):
         items.append((mixed(n, b, c), "mixed", False))
+    for b, c, p in ((16, 1024, 896), (64, 2048, 1920)):  # decodes sharing a prefix
+        items.append((shared_decode(b, c, p), "decode", False))
     observations = []
     for batch, kind, frontend in items:
         seconds = model.step_time(batch) + (coefficients.frontend_overhead_s if frontend else 0.0)
@@ -152,7 +165,7 @@ def test_unidentified_terms_are_fixed_at_zero_and_reported() -> None:
     assert fitted.per_prefill_pair_s == 0.0
     assert fitted.frontend_overhead_s == 0.0
     assert fitted.per_decode_seq_s == pytest.approx(1e-4, rel=1e-6)
-    assert len(report.notes) == 3
+    assert len(report.notes) == 4  # and the shared term priced as any context
     joined = " ".join(report.notes)
     for name in ("per_prefill_token_s", "per_prefill_pair_s", "frontend_overhead_s"):
         assert name in joined
@@ -267,3 +280,20 @@ def test_fit_from_records_rejects_bad_input() -> None:
         fit_from_records(empty, lambda c: empty, RECORDS_TRUTH)
     with pytest.raises(ValueError, match="missing columns"):
         fit_from_records(pd.DataFrame({"request_id": [0]}), lambda c: empty, RECORDS_TRUTH)
+
+
+def test_without_a_shared_prefix_measured_it_is_priced_as_any_context() -> None:
+    plain = [o for o in synthetic(TRUTH) if o.batch.shared_context_tokens == 0]
+    fitted, report = fit_steps(plain)
+    assert fitted.per_shared_context_token_s == fitted.per_context_token_s
+    assert any("no shared prefix measured" in note for note in report.notes)
+
+
+def test_a_profile_without_the_shared_term_reads_as_before() -> None:
+    old = CalibratedCoefficients(0.004, 6e-5, 2e-4, 3e-8, 1e-9)
+    assert old.per_shared_context_token_s == old.per_context_token_s
+    shape = shared_decode(16, 1024, 896)
+    flat = BatchShape(num_decode_seqs=16, decode_context_tokens=16 * 1024, num_sampled=16)
+    assert CalibratedModel(old).step_time(shape) == pytest.approx(
+        CalibratedModel(old).step_time(flat), rel=1e-12
+    )

@@ -77,6 +77,25 @@ def test_points_measure_extremes_first() -> None:
     plan = MeasurementPlan((32, 128, 512), (1, 4, 8), (64, 512), mixed=False)
     points = plan.points()
     assert [p.prompt_tokens for p in points[:3]] == [32, 512, 128]
-    decodes = [(p.batch_size, p.context_tokens) for p in points if p.kind == "decode"]
+    decodes = [
+        (p.batch_size, p.context_tokens)
+        for p in points
+        if p.kind == "decode" and not p.shared_prefix_tokens
+    ]
     assert decodes[:4] == [(1, 64), (8, 512), (8, 64), (1, 512)]
     assert len(decodes) == 6
+
+
+def test_shared_decode_points_share_whole_blocks_of_the_largest_batchs_prompts() -> None:
+    plan = MeasurementPlan((32,), (1, 16, 32), (64, 256, 1024), max_num_seqs=32, mixed=False)
+    shared = [p for p in plan.points() if p.shared_prefix_tokens]
+    assert [(p.batch_size, p.context_tokens, p.shared_prefix_tokens) for p in shared] == [
+        (32, 1024, 896),
+        (32, 256, 128),
+    ]
+    assert all(p.kind == "decode" and "P=" in p.label for p in shared)
+    assert shared[0].params()["shared_prefix_tokens"] == 896
+    # Too small a batch for GPUs to read a prefix once, or turned off: none.
+    assert not MeasurementPlan((32,), (1, 4), (1024,), mixed=False).shared_points()
+    off = MeasurementPlan((32,), (32,), (1024,), mixed=False, shared_prefix=False)
+    assert not off.shared_points()

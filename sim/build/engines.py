@@ -133,8 +133,17 @@ def resolve_async_scheduling(scenario: Scenario, hardware_name: str) -> bool:
     return version is None or version >= ASYNC_SCHEDULING_DEFAULT_SINCE
 
 
+def shared_kv_reads(hardware_name: str) -> str:
+    """How the backend reads KV that several requests share: the CPU's caches keep any shared
+    block between its readers; on GPUs only cascade attention reads a prefix once."""
+    return "cached" if "cpu" in hardware_name.lower() else "cascade"
+
+
 def make_scheduler(
-    scenario: Scenario, kv: KVCacheManager, async_scheduling: bool = False
+    scenario: Scenario,
+    kv: KVCacheManager,
+    async_scheduling: bool = False,
+    shared_reads: str = "cascade",
 ) -> Scheduler:
     """The batching policy a scenario's engine section selects."""
     engine = scenario.engine
@@ -149,6 +158,7 @@ def make_scheduler(
         record_token_times=scenario.output.record_token_times,
         fast_forward=scenario.simulator.fast_forward,
         async_scheduling=async_scheduling,
+        shared_kv_reads=shared_reads,
     )
     match engine.batching:
         case "continuous":
@@ -221,6 +231,7 @@ def make_engines(
     if isinstance(scenario.latency, ProfileLatencySpec):
         hardware_name = load_profile(scenario.latency.path).hardware
     async_scheduling = resolve_async_scheduling(scenario, hardware_name)
+    shared_reads = shared_kv_reads(hardware_name)
 
     def make_engine(i: int) -> tuple[Scheduler, IterationTimeModel]:
         kv = KVCacheManager(plan.num_blocks, engine.block_size, caching)
@@ -228,7 +239,7 @@ def make_engines(
         if per_replica and i > 0:
             rng = np.random.default_rng(replica_seed(i))
             latency_model, _ = make_latency_model(scenario, model, gpu, rng)
-        return make_scheduler(scenario, kv, async_scheduling), latency_model
+        return make_scheduler(scenario, kv, async_scheduling, shared_reads), latency_model
 
     if engine.pipeline_parallel_size > 1 and engine.batching != "continuous":
         raise ValueError(

@@ -157,6 +157,9 @@ class KVCacheManager:
         self.enable_prefix_caching = enable_prefix_caching
         self.free_queue = FreeBlockQueue(num_blocks)
         self._ref_count = [0] * num_blocks
+        # Σ over blocks of (references − 1): how often requests hold a block another request
+        # holds too (a shared prefix), kept as the counts change so that reading it is O(1).
+        self.num_shared_references = 0
         self._block_key: list[int | None] = [None] * num_blocks
         self._key_to_block: dict[int, int] = {}
         self._request_blocks: dict[int, list[int]] = {}
@@ -177,6 +180,13 @@ class KVCacheManager:
     def num_free_blocks(self) -> int:
         """Blocks with no request referencing them (cached or not)."""
         return self.free_queue.num_free
+
+    @property
+    def shared_tokens(self) -> int:
+        """Tokens requests hold in blocks that another request holds too, beyond the first
+        holder (only full cached blocks are shared): KV that a step over all of them reads from
+        memory once if it stays in a cache between readers."""
+        return self.num_shared_references * self.block_size
 
     def num_common_prefix_blocks(self, request_id: int, num_holders: int) -> int:
         """Leading blocks of a request that ``num_holders`` requests hold (vLLM's
@@ -305,6 +315,8 @@ class KVCacheManager:
         for block_id in new_computed_blocks:
             if self._ref_count[block_id] == 0:
                 self.free_queue.remove(block_id)
+            else:
+                self.num_shared_references += 1
             self._ref_count[block_id] += 1
         held.extend(new_computed_blocks)
         if request_id not in self._request_num_cached:
@@ -380,6 +392,8 @@ class KVCacheManager:
             ref_count[block_id] = count
             if count == 0:
                 released.append(block_id)
+            else:
+                self.num_shared_references -= 1
         self.free_queue.extend(released)
 
     def register_full_blocks(self, request_id: int, keys: Sequence[int], num_tokens: int) -> None:
@@ -434,6 +448,7 @@ class KVCacheManager:
             for block_id in blocks:
                 referenced[block_id] = referenced.get(block_id, 0) + 1
         spare_set = set(self._spare_ids)
+        assert self.num_shared_references == sum(n - 1 for n in referenced.values())
         for block_id in range(self.num_blocks):
             assert self._ref_count[block_id] == referenced.get(block_id, 0), block_id
             in_queue = block_id in self.free_queue

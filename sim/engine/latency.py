@@ -138,57 +138,81 @@ class CalibratedCoefficients:
     per_context_token_s: float
     per_prefill_pair_s: float
     frontend_overhead_s: float = 0.0
+    # Context tokens the backend reads once for several requests (BatchShape
+    # .shared_context_tokens). None: as dear as any context token (profiles measured without
+    # shared prefixes, and those written before this term existed).
+    per_shared_context_token_s: float | None = None
 
     def __post_init__(self) -> None:
+        if self.per_shared_context_token_s is None:
+            object.__setattr__(self, "per_shared_context_token_s", self.per_context_token_s)
         for name in self.__dataclass_fields__:
             value = getattr(self, name)
             if not math.isfinite(value) or value < 0:
                 raise ValueError(f"{name}: must be a finite number >= 0, got {value}")
+
+    @property
+    def shared_context_s(self) -> float:
+        """``per_shared_context_token_s``, never None once constructed."""
+        value = self.per_shared_context_token_s
+        assert value is not None
+        return value
 
 
 class CalibratedModel:
     """Step time linear in what a step computes, with coefficients fitted to a real server:
 
     ``overhead + a·prefill tokens + b·decode sequences + c·context tokens attended + d·causal
-    prefill pairs``. The context term is the KV read by decodes and by prefill chunks after
-    earlier tokens; the pair term is attention's quadratic cost in long prefills.
+    prefill pairs + e·shared context tokens``. The context term is the KV read by decodes and
+    by prefill chunks after earlier tokens, less what the backend reads once for several
+    requests (the shared term); the pair term is attention's quadratic cost in long prefills.
     """
 
     def __init__(self, coefficients: CalibratedCoefficients) -> None:
         self.coefficients = coefficients
 
     @staticmethod
-    def features(batch: BatchShape) -> tuple[float, float, float, float, float]:
-        """The regressors of one step, in coefficient order (the constant first)."""
+    def features(batch: BatchShape) -> tuple[float, float, float, float, float, float]:
+        """The regressors of one step, in coefficient order (the constant first; the shared
+        context last, see :data:`calibration.fit.COEFFICIENT_NAMES`)."""
+        context = batch.decode_context_tokens + batch.prefill_context_tokens
+        shared = batch.shared_context_tokens
         return (
             1.0,
             float(batch.num_prefill_tokens),
             float(batch.num_decode_seqs),
-            float(batch.decode_context_tokens + batch.prefill_context_tokens),
+            float(context - shared),
             float(batch.prefill_attention_pairs),
+            float(shared),
         )
 
     def step_time(self, batch: BatchShape) -> float:
         """Seconds for one step."""
         c = self.coefficients
+        context = batch.decode_context_tokens + batch.prefill_context_tokens
+        shared = batch.shared_context_tokens
         return (
             c.step_overhead_s
             + c.per_prefill_token_s * batch.num_prefill_tokens
             + c.per_decode_seq_s * batch.num_decode_seqs
-            + c.per_context_token_s * (batch.decode_context_tokens + batch.prefill_context_tokens)
+            + c.per_context_token_s * (context - shared)
             + c.per_prefill_pair_s * batch.prefill_attention_pairs
+            + c.shared_context_s * shared
         )
 
     def decode_step_times(
         self, num_seqs: int, first_context: int, count: int, shared: int = 0
     ) -> list[float]:
         """:meth:`step_time` of consecutive pure-decode steps (see :func:`decode_step_times`),
-        term by term in the same order, so the same floats (``shared`` changes nothing here:
-        the fitted context cost is per token attended)."""
+        term by term in the same order, so the same floats."""
         c = self.coefficients
         fixed = c.step_overhead_s + c.per_prefill_token_s * 0 + c.per_decode_seq_s * num_seqs
         per_context, pairs = c.per_context_token_s, c.per_prefill_pair_s * 0
-        return [fixed + per_context * (first_context + i * num_seqs) + pairs for i in range(count)]
+        shared_s = c.shared_context_s * shared
+        return [
+            fixed + per_context * (first_context + i * num_seqs - shared) + pairs + shared_s
+            for i in range(count)
+        ]
 
 
 #: Time a request spends in vLLM's OpenAI front end and the client's HTTP stack, on top of the

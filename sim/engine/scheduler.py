@@ -62,6 +62,11 @@ class ReplicaOptions:
     # backend): step N+1 is scheduled while step N runs, so a request that arrives during step
     # N first runs in step N+2 (sim/engine/replica.py).
     async_scheduling: bool = False
+    # Which KV a step reads once although several requests attend to it: "cascade" (vLLM's
+    # FlashAttention backend on GPUs: a prefix every running request shares, when vLLM uses
+    # cascade attention), "cached" (the CPU backend: any block several running requests hold
+    # stays in the CPU's caches between them) or "none".
+    shared_kv_reads: str = "cascade"
 
 
 class Scheduler(Protocol):
@@ -384,8 +389,17 @@ class ContinuousBatchScheduler(_SchedulerBase):
 
         if not scheduled:
             return None if not preempted else StepPlan([], preempted, BatchShape())
-        shared = cascade_shared_tokens(self.kv, self.running, scheduled)
+        shared = self._shared_tokens(scheduled)
         return StepPlan(scheduled, preempted, _shape(scheduled, shared=shared))
+
+    def _shared_tokens(self, rows: list[tuple[Sequence, int]]) -> int:
+        """Context tokens this step reads once for several requests (see ReplicaOptions)."""
+        match self.options.shared_kv_reads:
+            case "cascade":
+                return cascade_shared_tokens(self.kv, self.running, rows)
+            case "cached":
+                return self.kv.shared_tokens
+        return 0
 
     def _admit_waiting(
         self, now: float, group: int | None, budget: int, scheduled: list[tuple[Sequence, int]]
