@@ -12,7 +12,7 @@ from __future__ import annotations
 import gc
 import time
 import warnings
-from collections.abc import Callable, Generator
+from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -21,7 +21,7 @@ import numpy as np
 import pandas as pd
 import simpy
 
-from sim.engine.latency import IterationTimeModel
+from sim.engine.latency import CalibratedModel, IterationTimeModel
 from sim.engine.request import Record, Request, RequestStatus, later_turns
 from sim.engine.scheduler import Scheduler
 from sim.fleet.autoscaler import Autoscaler, AutoscalerConfig
@@ -201,10 +201,41 @@ class Simulation:
         if section is not None:
             summary["fleet"] = section
         timeseries = pd.DataFrame(fleet.rows, columns=list(TIMESERIES_COLUMNS))
+        envelope = _envelope_section(replicas)
+        if envelope is not None:
+            summary["calibration_envelope"] = envelope
         summary["stability"] = stability(frame, timeseries, state.stop_reason)
         if not summary["stability"]["stable"]:
             summary["slo"]["met"] = False  # percentiles of a growing queue mean nothing
         return SimResult(frame, timeseries, summary, token_times_frame(state.records))
+
+
+def _envelope_section(replicas: Sequence[Any]) -> dict[str, Any] | None:
+    """Where the run's steps went beyond what a calibration profile measured (None without a
+    profile): the largest step simulated and measured, and a warning when it is outside."""
+    models = {id(r.latency_model): r.latency_model for r in replicas}.values()
+    watched = [m for m in models if isinstance(m, CalibratedModel) and m.envelope]
+    if not watched:
+        return None
+    outside: dict[str, tuple[float, float]] = {}
+    for model in watched:
+        for name, (seen, measured) in model.outside_envelope().items():
+            if name not in outside or seen > outside[name][0]:
+                outside[name] = (seen, measured)
+    if outside:
+        detail = ", ".join(
+            f"{name} up to {seen:,.0f} (measured up to {measured:,.0f})"
+            for name, (seen, measured) in outside.items()
+        )
+        warnings.warn(
+            f"latency.profile: the run's steps leave the calibrated envelope: {detail}; the "
+            "profile extrapolates there: calibrate with larger batches or contexts",
+            stacklevel=4,
+        )
+    return {
+        "inside": not outside,
+        "outside": {name: {"simulated": a, "measured": b} for name, (a, b) in outside.items()},
+    }
 
 
 class _Run:

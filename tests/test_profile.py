@@ -122,3 +122,52 @@ def test_an_older_engine_version_warns(tmp_path: Path) -> None:
 def test_a_missing_profile_is_a_scenario_error(tmp_path: Path) -> None:
     with pytest.raises(ScenarioError, match=r"latency\.path: profile not found"):
         parse_scenario(profile_scenario(tmp_path / "nope.json"))
+
+
+def envelope_profile(tmp_path: Path) -> Path:
+    """A profile whose measurements reached 8 decodes over 8,192 context tokens in all."""
+    points = [
+        {"num_decode_seqs": 8.0, "context_tokens": 8192.0, "num_prefill_tokens": 0.0},
+        {"num_decode_seqs": 0.0, "context_tokens": 0.0, "num_prefill_tokens": 2048.0},
+    ]
+    fit = FitReport(
+        method="test",
+        num_points=2,
+        relative_error_mean=0.0,
+        relative_error_p90=0.0,
+        relative_error_max=0.0,
+        points=points,
+    )
+    return make_profile(fit=fit).save(tmp_path / "envelope.json")
+
+
+def test_a_run_beyond_the_calibrated_envelope_says_so(tmp_path: Path) -> None:
+    path = envelope_profile(tmp_path)
+    busy = scenario_dict(latency={"profile": str(path)})
+    busy["workload"] = {
+        "arrival": {"type": "poisson", "rate": 200},
+        "prompt_tokens": {"type": "constant", "value": 1024},
+        "output_tokens": {"type": "constant", "value": 64},
+        "num_requests": 64,
+    }
+    with pytest.warns(UserWarning, match="calibrated envelope: num_decode_seqs up to"):
+        summary = build(parse_scenario(busy)).run().summary
+    section = summary["calibration_envelope"]
+    assert not section["inside"]
+    assert section["outside"]["num_decode_seqs"]["measured"] == 8.0
+    assert section["outside"]["num_decode_seqs"]["simulated"] > 8.8
+
+
+def test_a_run_inside_the_calibrated_envelope_is_quiet(tmp_path: Path) -> None:
+    path = envelope_profile(tmp_path)
+    light = scenario_dict(latency={"profile": str(path)})
+    light["workload"] = {
+        "arrival": {"type": "poisson", "rate": 0.5},
+        "prompt_tokens": {"type": "constant", "value": 256},
+        "output_tokens": {"type": "constant", "value": 8},
+        "num_requests": 10,
+    }
+    summary = build(parse_scenario(light)).run().summary
+    assert summary["calibration_envelope"] == {"inside": True, "outside": {}}
+    roofline = build(parse_scenario(scenario_dict())).run().summary
+    assert "calibration_envelope" not in roofline

@@ -21,7 +21,7 @@ from sim.engine.latency import (
     RooflineModel,
 )
 from sim.engine.memory import MemoryPlan, plan_memory
-from sim.engine.profile import check_profile, load_profile
+from sim.engine.profile import calibrated_envelope, check_profile, load_profile
 from sim.engine.scheduler import (
     ContinuousBatchScheduler,
     ReplicaOptions,
@@ -63,7 +63,8 @@ def make_latency_model(
             source=spec.path,
         )
         coefficients = profile.coefficients
-        return CalibratedModel(coefficients), coefficients.frontend_overhead_s
+        model_ = CalibratedModel(coefficients, calibrated_envelope(profile))
+        return model_, coefficients.frontend_overhead_s
     assert isinstance(spec, RooflineLatencySpec)
     roofline = RooflineModel(
         model,

@@ -168,8 +168,32 @@ class CalibratedModel:
     requests (the shared term); the pair term is attention's quadratic cost in long prefills.
     """
 
-    def __init__(self, coefficients: CalibratedCoefficients) -> None:
+    def __init__(
+        self, coefficients: CalibratedCoefficients, envelope: dict[str, float] | None = None
+    ) -> None:
         self.coefficients = coefficients
+        # The largest step the calibration measured (see sim.engine.profile
+        # .calibrated_envelope), and the largest this model was asked about.
+        self.envelope = envelope or {}
+        self.seen = {"num_decode_seqs": 0.0, "context_tokens": 0.0, "num_prefill_tokens": 0.0}
+
+    def _see(self, decode_seqs: int, context: int, prefill_tokens: int) -> None:
+        seen = self.seen
+        if decode_seqs > seen["num_decode_seqs"]:
+            seen["num_decode_seqs"] = decode_seqs
+        if context > seen["context_tokens"]:
+            seen["context_tokens"] = context
+        if prefill_tokens > seen["num_prefill_tokens"]:
+            seen["num_prefill_tokens"] = prefill_tokens
+
+    def outside_envelope(self, tolerance: float = 0.1) -> dict[str, tuple[float, float]]:
+        """What the steps asked of the model beyond ``1 + tolerance`` times what the
+        calibration measured: ``name -> (largest simulated, largest measured)``."""
+        return {
+            name: (self.seen[name], measured)
+            for name, measured in self.envelope.items()
+            if self.seen.get(name, 0.0) > (1 + tolerance) * measured
+        }
 
     @staticmethod
     def features(batch: BatchShape) -> tuple[float, float, float, float, float, float]:
@@ -191,6 +215,7 @@ class CalibratedModel:
         c = self.coefficients
         context = batch.decode_context_tokens + batch.prefill_context_tokens
         shared = batch.shared_context_tokens
+        self._see(batch.num_decode_seqs, context, batch.num_prefill_tokens)
         return (
             c.step_overhead_s
             + c.per_prefill_token_s * batch.num_prefill_tokens
@@ -206,6 +231,7 @@ class CalibratedModel:
         """:meth:`step_time` of consecutive pure-decode steps (see :func:`decode_step_times`),
         term by term in the same order, so the same floats."""
         c = self.coefficients
+        self._see(num_seqs, first_context + (count - 1) * num_seqs, 0)
         fixed = c.step_overhead_s + c.per_prefill_token_s * 0 + c.per_decode_seq_s * num_seqs
         per_context, pairs = c.per_context_token_s, c.per_prefill_pair_s * 0
         shared_s = c.shared_context_s * shared

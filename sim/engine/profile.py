@@ -200,3 +200,16 @@ def check_profile(
             ProfileMismatchWarning,
             stacklevel=2,
         )
+
+
+def calibrated_envelope(profile: Profile) -> dict[str, float]:
+    """The largest step the profile's measurements saw: decode sequences, context tokens
+    attended and prefill tokens in one step (from the fit report's points; empty when the
+    report has none, as in a records fit)."""
+    points = [p for p in profile.fit.points if "num_decode_seqs" in p]
+    if not points:
+        return {}
+    return {
+        name: max(float(p.get(name, 0.0)) for p in points)
+        for name in ("num_decode_seqs", "context_tokens", "num_prefill_tokens")
+    }
