@@ -23,7 +23,8 @@ the scenario is the catalogue model and GPU with vLLM's engine flags of the run.
 Prints, per stage and metric, sim / real − 1, and the median |error| over the stages against
 the issue's targets (TTFT mean and p90 within 10%, TPOT and E2E within 5%).
 
-Run: ``.venv/bin/python benchmarks/fidelity_gpu.py [--seeds 3] [--json FILE]``.
+Run: ``.venv/bin/python benchmarks/fidelity_gpu.py [--seeds 3] [--json FILE] [--runs CSV]``
+(``--runs``: other real runs in the same columns; the GPU must be ``h100-sxm`` for now).
 """
 
 from __future__ import annotations
@@ -149,8 +150,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, default=3, help="arrival/order draws per run")
     parser.add_argument("--json", type=Path, default=None, help="also write the table here")
+    parser.add_argument(
+        "--runs", type=Path, default=RUNS_FILE, help="real runs, in the columns of the default"
+    )
     args = parser.parse_args()
-    real = pd.read_csv(RUNS_FILE)
+    real = pd.read_csv(args.runs)
     errors: dict[tuple[str, str], list[float]] = {}
     table = []
     with tempfile.TemporaryDirectory() as tmp:
