@@ -98,7 +98,7 @@ def scenario(run: pd.DataFrame, trace: Path, seed: int) -> dict[str, Any]:
         "seed": seed,
         "model": str(first["model"]),
         "gpu": "h100-sxm",
-        "dtype": "fp16",
+        "dtype": str(first["dtype"]),
         "engine": {
             "tensor_parallel_size": int(first["tp"]),
             "max_num_seqs": int(first["max_num_seqs"]),
