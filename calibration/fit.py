@@ -241,8 +241,9 @@ def fit_from_records(
     :data:`sim.engine.request.RECORD_COLUMNS`). Only ``ok`` measured requests with positive TTFT
     and E2E are fitted. The search is a trust-region least squares over the logs of the coefficients
     (so they stay positive) starting at ``initial``; coefficients that are 0 in ``initial``
-    stay 0, and the shared-prefix term stays as ``initial`` has it. At most ``max_evaluations`` simulations run (finite-difference Jacobians included);
-    the best coefficients seen are returned. Errors are reported over every request, points for
+    stay 0, and the shared-prefix term stays as ``initial`` has it. At most
+    ``max_evaluations`` simulations run (finite-difference Jacobians included); the best
+    coefficients seen are returned. Errors are reported over every request, points for
     at most :data:`MAX_REPORTED_POINTS` of them.
     """
     measured = _records_to_fit(records, max_evaluations)
