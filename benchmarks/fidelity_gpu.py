@@ -24,7 +24,7 @@ Prints, per stage and metric, sim / real − 1, and the median |error| over the 
 the issue's targets (TTFT mean and p90 within 10%, TPOT and E2E within 5%).
 
 Run: ``.venv/bin/python benchmarks/fidelity_gpu.py [--seeds 3] [--json FILE] [--runs CSV]``
-(``--runs``: other real runs in the same columns; the GPU must be ``h100-sxm`` for now).
+(``--runs``: other real runs in the same columns; the ``gpu`` cell names a catalogue GPU).
 """
 
 from __future__ import annotations
@@ -39,6 +39,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from sim.catalog.hardware import get_gpu
 from sim.run import build
 from sim.scenario import parse_scenario
 
@@ -91,13 +92,24 @@ def stage_requests(stage: pd.Series, rng: np.random.Generator, start_s: float) -
     return rows
 
 
+def catalogue_gpu(name: str) -> str:
+    """The catalogue GPU for a runs file's ``gpu`` cell (``"H100-80GB-HBM3 SXM"`` → H100 SXM):
+    the whole name, else its first word; the catalogue's own name is returned."""
+    for candidate in (name, name.split()[0]):
+        try:
+            return get_gpu(candidate).name
+        except ValueError:
+            continue
+    raise SystemExit(f"--runs: gpu {name!r} is not in the catalogue (sim/catalog/hardware.py)")
+
+
 def scenario(run: pd.DataFrame, trace: Path, seed: int) -> dict[str, Any]:
     first = run.iloc[0]
     return {
         "name": f"real-{first['run_id']}",
         "seed": seed,
         "model": str(first["model"]),
-        "gpu": "h100-sxm",
+        "gpu": catalogue_gpu(str(first["gpu"])),
         "dtype": str(first["dtype"]),
         "engine": {
             "tensor_parallel_size": int(first["tp"]),
