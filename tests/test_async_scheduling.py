@@ -138,3 +138,19 @@ def test_the_cpu_backend_reads_a_block_several_requests_hold_once() -> None:
     assert decode_shape("cached").shared_context_tokens == 2 * 256
     assert decode_shape("cascade").shared_context_tokens == 0
     assert decode_shape("none").shared_context_tokens == 0
+
+
+def test_a_request_held_for_the_step_after_next_counts_as_waiting(tmp_path: Path) -> None:
+    # Steps of 0.5 s; request 1 arrives at 0.6 s, during step 2 (0.5–1.0 s): async scheduling
+    # holds it until step 4 (from 1.5 s), so the fleet's sample at 1.0 s sees it waiting.
+    trace = trace_file(tmp_path, [(0.0, 16, 20), (0.6, 16, 4)])
+    data = scenario_dict(
+        latency={"type": "constant", "step_s": 0.5},
+        engine={"max_model_len": 8192, "async_scheduling": True},
+        workload={"trace": {"path": trace}},
+        output={"sample_interval_s": 1.0},
+    )
+    result = build(parse_scenario(data)).run()
+    samples = result.timeseries.set_index("time_s")
+    assert samples.loc[1.0, "num_requests_waiting"] == 1
+    assert result.records.set_index("request_id").loc[1, "scheduled_s"] == pytest.approx(1.5)

@@ -390,6 +390,12 @@ class Replica:
         for seq in finished:
             self._on_finish(seq.record)
 
+    @property
+    def num_waiting(self) -> int:
+        """Requests waiting to run: the scheduler's, and those async scheduling holds for the
+        step after next (vLLM counts both as waiting)."""
+        return self.scheduler.num_waiting + len(self._pending)
+
     def sync(self) -> None:
         """Bring a fast-forward run up to now: what a reader would see in step-by-step mode."""
         if self._run is not None:

@@ -248,7 +248,7 @@ def _replica_metric(metric: MetricType, replica: FleetReplica) -> float:
     replica.sync()
     match metric:
         case "waiting_per_replica":
-            return float(replica.scheduler.num_waiting)
+            return float(replica.num_waiting)
         case "running_per_replica":
             return float(replica.scheduler.num_running)
         case "kv_usage":

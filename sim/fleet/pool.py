@@ -246,8 +246,7 @@ class Fleet:
         self._rows.append(
             Sample(
                 time_s=now,
-                num_requests_waiting=sum(r.scheduler.num_waiting for r in self.replicas)
-                + len(self._pending),
+                num_requests_waiting=sum(r.num_waiting for r in self.replicas) + len(self._pending),
                 num_requests_running=sum(r.scheduler.num_running for r in self.replicas),
                 kv_cache_usage=sum(r.kv.usage for r in live) / len(live) if live else 0.0,
                 prefix_cache_hit_rate=hits / queries if queries > 0 else 0.0,
