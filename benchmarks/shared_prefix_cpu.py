@@ -18,7 +18,8 @@ import json
 import tempfile
 from dataclasses import asdict, replace
 from pathlib import Path
-from typing import Any
+
+from fidelity import ENGINE, scenario  # the same CPU server and scenario shape
 
 from calibration.fit import fit_steps
 from calibration.measure_plan import MeasurementPlan
@@ -32,9 +33,7 @@ from live.tiny_model import TinyModelSpec, ensure_tiny_model
 from live.tokens import PromptTokens
 from sim.engine.profile import EngineInfo
 from sim.run import build
-from sim.scenario import EngineSpec, parse_scenario
 
-ENGINE = EngineSpec(block_size=32, max_num_seqs=32, max_num_batched_tokens=2048, max_model_len=2048)
 MODEL_85M = TinyModelSpec(
     hidden_size=768,
     intermediate_size=2048,
@@ -44,25 +43,6 @@ MODEL_85M = TinyModelSpec(
     vocab_size=1024,
 )
 METRICS = ("ttft_s mean", "ttft_s p90", "tpot_s mean", "tpot_s p90", "e2e_s mean")
-
-
-def scenario(workload: dict[str, Any], profile: Path | None, seed: int = 0) -> Any:
-    data: dict[str, Any] = {
-        "name": "shared-prefix-cpu",
-        "seed": seed,
-        "model": "servesim-tiny-llama",
-        "gpu": {
-            "name": "cpu-core",
-            "memory_gb": 4,
-            "memory_bandwidth_tb_s": 0.02,
-            "bf16_tflops": 0.1,
-        },
-        "engine": ENGINE.model_dump(),
-        "workload": workload,
-    }
-    if profile is not None:
-        data["latency"] = {"profile": str(profile)}
-    return parse_scenario(data)
 
 
 def main() -> None:
@@ -99,7 +79,7 @@ def main() -> None:
             server.url, server.model_name, tokens, plan, block_size=32, budget_s=900
         )
         coefficients, report = fit_steps(measurement.observations)
-        template = scenario(workload, None)
+        template = scenario(workload, None, seed=0)
         fitted = fitted_profile(template, coefficients, report, engine=EngineInfo(name="vllm"))
         shared_path = fitted.save(work / "profile.json")
         flat = replace(coefficients, per_shared_context_token_s=coefficients.per_context_token_s)
