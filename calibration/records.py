@@ -7,7 +7,10 @@ replay's TTFT and end-to-end latency match the records (:func:`calibration.fit.f
 
 Which requests are replayed: when the records are the scenario's own requests (a live run of
 that scenario: the same ids with the same prompt and output lengths), the scenario's requests
-are replayed exactly, shared prefixes and multi-turn sessions included. Otherwise each record
+are replayed exactly, shared prefixes and multi-turn sessions included, each first turn at the
+time the records say it was sent (a live record's ``arrival_s`` is its send time: a load
+generator that fell behind offered a later load than the scenario planned, and the fit must see
+the load the server saw). Otherwise each record
 becomes one request arriving at its ``arrival_s`` with its lengths and a prompt of its own (the
 records do not say what the prompts contained, so nothing is shared in the prefix cache).
 """
@@ -97,7 +100,10 @@ def replay_requests(scenario: Scenario, records: pd.DataFrame) -> tuple[list[Req
         )
     )
     if len(own) == len(records) and all(recorded.get(r.request_id) == r.prompt_tokens for r in own):
-        return own, "the scenario's own requests (the records are a run of this scenario)"
+        return _at_send_times(own, records), (
+            "the scenario's own requests (the records are a run of this scenario), first turns "
+            "at their recorded send times"
+        )
     ordered = records.sort_values(["arrival_s", "request_id"], kind="stable")
     ok = ordered[(ordered["prompt_tokens"] >= 1) & (ordered["output_tokens"] >= 1)]
     arrivals = ok["arrival_s"].to_numpy(dtype=np.float64)
@@ -120,6 +126,25 @@ def replay_requests(scenario: Scenario, records: pd.DataFrame) -> tuple[list[Req
         "one request per record at its arrival time and lengths; prompts taken as unique (the "
         "records do not say what they shared)"
     )
+
+
+def _at_send_times(requests: list[Request], records: pd.DataFrame) -> list[Request]:
+    """``requests`` with each first turn's arrival moved to its record's ``arrival_s`` (later
+    turns arrive after their parent, as in the simulator); a record without a finite time keeps
+    the planned one."""
+    sent = dict(
+        zip(
+            records["request_id"].astype(int).tolist(),
+            records["arrival_s"].astype(float).tolist(),
+            strict=True,
+        )
+    )
+    return [
+        dataclasses.replace(r, arrival_s=sent[r.request_id])
+        if r.parent_id < 0 and np.isfinite(sent[r.request_id])
+        else r
+        for r in requests
+    ]
 
 
 def roofline_coefficients(scenario: Scenario) -> CalibratedCoefficients:
