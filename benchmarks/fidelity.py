@@ -1,14 +1,28 @@
-"""Fidelity: calibrate on a live vLLM server, then predict workloads the calibration never saw.
+"""Fidelity on CPU: calibrate on a live vLLM server, then predict workloads it never saw.
 
-The whole loop on one machine: start vLLM (the tiny local model on the CPU backend by default,
-or ``--model DIR`` for another local model), calibrate within a time budget, estimate the
-server's capacity with the calibrated simulator (a saturating burst), refit that profile to the
-records of one loaded run (Poisson at 50% of capacity, its own seed: ``calibrate --records``),
-then for held-out workloads — Poisson at 30%, 60% and 85% of that capacity, a Gamma-bursty one, a
-multi-turn one with a shared system prompt — simulate with both profiles and run live, and print
-the errors of both side by side.
+The whole loop on one machine, on the ~85M random Llama (hidden 768, 12 layers, vocabulary 1024,
+written by ``live/tiny_model.py``) on vLLM's CPU backend, or ``--model DIR``:
 
-Run: ``.venv/bin/python benchmarks/fidelity.py [--budget 90s] [--requests 100] [--model DIR]``.
+1. calibrate within ``--budget`` (the isolated points: prefill, decode grid, shared decode);
+2. measure the server's capacity **live** (a saturating burst: completed requests over the
+   burst's makespan), and the simulator's estimate of the same burst beside it;
+3. refit the profile to the records of one loaded training run (Poisson at 50% of the measured
+   capacity, its own seed, replayed at its send times: ``calibrate --records``);
+4. five held-out shapes sized from the measured capacity: Poisson at 30% and 90%, Gamma-bursty
+   (CV 3) at 60%, a long shared system prompt with many sequences decoding at once, and
+   multi-turn sessions; each run live ``--repeats`` times with the same requests (so the
+   spread is the server's, not the workload's) and simulated with both profiles. Each repeat's
+   prompts carry their own salt: the same structure, other token ids, so a repeat does not hit
+   what the one before left in the prefix cache.
+
+Prints sim/live − 1 per shape and metric (TTFT, TPOT, E2E mean and p90): the mean over the
+repeats and its range, the live run-to-run spread ((max − min) / mean of the live value), and
+whether the error meets the target (|error| ≤ 10%, or within the spread where that is larger).
+Everything lands in ``--out``; ``--rescore DIR`` reads a finished run's live results and profiles
+back and simulates again (to score a model change without the hour of live runs).
+
+Run: ``.venv/bin/python benchmarks/fidelity.py [--budget 8m] [--repeats 3] [--seconds 120]``
+(about 45 minutes on 2 cores).
 """
 
 from __future__ import annotations
@@ -16,26 +30,51 @@ from __future__ import annotations
 import argparse
 import json
 import tempfile
-from dataclasses import asdict
+import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from calibration.fit import fit_steps
 from calibration.measure_plan import MeasurementPlan, parse_budget
 from calibration.measure_runner import measure
 from calibration.profile import fitted_profile
-from calibration.records import fit_scenario_to_records
-from calibration.validate import ServerSide, compare
+from calibration.records import fit_scenario_to_records, read_records
 from live.replay import Target
 from live.run import run_live
 from live.server import VLLMServer
-from live.tiny_model import ensure_tiny_model
+from live.tiny_model import TinyModelSpec, ensure_tiny_model
 from live.tokens import PromptTokens
-from sim.engine.profile import EngineInfo
+from sim.engine.latency import CalibratedCoefficients
+from sim.engine.profile import EngineInfo, load_profile
 from sim.run import build
 from sim.scenario import EngineSpec, Scenario, parse_scenario
 
 ENGINE = EngineSpec(block_size=32, max_num_seqs=32, max_num_batched_tokens=2048, max_model_len=2048)
+MODEL_85M = TinyModelSpec(
+    hidden_size=768,
+    intermediate_size=2048,
+    num_layers=12,
+    num_heads=12,
+    num_kv_heads=12,
+    vocab_size=1024,
+)
+LENGTHS = {
+    "prompt_tokens": {"type": "uniform", "low": 64, "high": 512},
+    "output_tokens": {"type": "uniform", "low": 16, "high": 96},
+}
+METRICS = (
+    ("ttft_s", "mean"),
+    ("ttft_s", "p90"),
+    ("tpot_s", "mean"),
+    ("tpot_s", "p90"),
+    ("e2e_s", "mean"),
+    ("e2e_s", "p90"),
+)
+TARGET = 0.10
+PROFILES = ("idle", "loaded")
 
 
 def scenario(workload: dict[str, Any], profile: Path | None, seed: int) -> Scenario:
@@ -57,144 +96,248 @@ def scenario(workload: dict[str, Any], profile: Path | None, seed: int) -> Scena
     return parse_scenario(data)
 
 
-LENGTHS = {
-    "prompt_tokens": {"type": "uniform", "low": 100, "high": 800},
-    "output_tokens": {"type": "uniform", "low": 8, "high": 64},
-}
+def shapes(capacity: float, seconds: float) -> dict[str, dict[str, Any]]:
+    """The held-out workloads, each about ``seconds`` long at its offered rate."""
+
+    def sized(rate: float, requests_per_arrival: float = 1.0) -> int:
+        return int(np.clip(round(rate * requests_per_arrival * seconds), 24, 120))
+
+    light, heavy, bursty = 0.3 * capacity, 0.9 * capacity, 0.6 * capacity
+    # Prefills mostly hit the cache: the server takes more of these than of LENGTHS.
+    shared_rate = 0.8 * capacity
+    sessions = 0.15 * capacity  # 3.5 turns each on average: ~50% of capacity in requests
+    return {
+        "poisson 30%": {
+            **LENGTHS,
+            "arrival": {"type": "poisson", "rate": light},
+            "num_requests": sized(light),
+        },
+        "poisson 90%": {
+            **LENGTHS,
+            "arrival": {"type": "poisson", "rate": heavy},
+            "num_requests": sized(heavy),
+        },
+        "gamma cv3 60%": {
+            **LENGTHS,
+            "arrival": {"type": "gamma", "rate": bursty, "cv": 3},
+            "num_requests": sized(bursty),
+        },
+        "shared prompt": {
+            "arrival": {"type": "poisson", "rate": shared_rate},
+            "prompt_tokens": {"type": "uniform", "low": 832, "high": 1024},
+            "output_tokens": {"type": "uniform", "low": 32, "high": 96},
+            "prefix": {"type": "shared", "num_groups": 1, "prefix_tokens": 768, "share": 1.0},
+            "num_requests": sized(shared_rate),
+        },
+        "multi-turn": {  # shorter turns: a 5-turn conversation stays within max_model_len
+            "prompt_tokens": {"type": "uniform", "low": 32, "high": 256},
+            "output_tokens": {"type": "uniform", "low": 16, "high": 64},
+            "arrival": {"type": "poisson", "rate": sessions},
+            "prefix": {
+                "type": "multi_turn",
+                "turns": {"type": "uniform", "low": 2, "high": 5},
+                "think_time_s": 1.0,
+                "system_prompt_tokens": 256,
+            },
+            "num_requests": sized(sessions, 3.5),
+        },
+    }
 
 
-def capacity_rps(profile: Path) -> float:
-    """Requests per second the calibrated simulator sustains under a saturating burst."""
-    burst = {"arrival": {"type": "poisson", "rate": 1000.0}, **LENGTHS, "num_requests": 300}
-    summary = build(scenario(burst, profile, seed=1)).run().summary
-    return float(summary["throughput"]["requests_per_s"])
+def burst(requests: int) -> dict[str, Any]:
+    return {**LENGTHS, "arrival": {"type": "poisson", "rate": 1000.0}, "num_requests": requests}
+
+
+def completed_rate(records: Any) -> float:
+    """Completed requests per second over the makespan (first send to last finish)."""
+    ok = records[records["status"] == "ok"]
+    span = float(ok["finish_s"].max() - records["arrival_s"].min())
+    return len(ok) / span if span > 0 else float("nan")
+
+
+@dataclass
+class Setup:
+    """What the live calibration produced: profiles, capacity and how they were measured."""
+
+    idle: Path
+    loaded: Path
+    capacity: float
+    info: dict[str, Any]
+
+
+def calibrate(server: VLLMServer, tokens: PromptTokens, work: Path, args: Any) -> Setup:
+    """Steps 1–3 of the module docstring."""
+    budget_s = parse_budget(args.budget)
+    plan = MeasurementPlan.for_budget(
+        budget_s, max_model_len=2048, max_num_seqs=32, max_num_batched_tokens=2048
+    )
+    measurement = measure(
+        server.url, server.model_name, tokens, plan, block_size=32, budget_s=budget_s
+    )
+    coefficients, report = fit_steps(measurement.observations)
+    template = scenario(burst(1), None, 0)
+    idle = fitted_profile(template, coefficients, report, engine=EngineInfo(name="vllm"))
+    idle_path = idle.save(work / "profile-idle.json")
+    target = Target(server.url, server.model_name)
+    saturating = scenario(burst(args.capacity_requests), idle_path, seed=1)
+    measured = run_live(saturating, target, tokens, out_dir=work / "capacity")
+    measured.write(work / "capacity")
+    capacity = completed_rate(measured.records)
+    simulated = completed_rate(build(saturating).run().records)
+    training = scenario(
+        {
+            **LENGTHS,
+            "arrival": {"type": "poisson", "rate": 0.5 * capacity},
+            "num_requests": int(np.clip(round(0.5 * capacity * args.seconds), 24, 120)),
+        },
+        idle_path,
+        seed=99,
+    )
+    trained = run_live(training, target, tokens, out_dir=work / "training")
+    trained.write(work / "training")
+    loaded_path = refit(training, work, coefficients, args.max_simulations)
+    info = {
+        "points": len(measurement.observations),
+        "calibration_s": measurement.duration_s,
+        "fit_error_mean": report.relative_error_mean,
+        "capacity_rps": capacity,
+        "simulated_capacity_rps": simulated,
+        "training": training.workload.model_dump(mode="json"),
+        "seconds": args.seconds,
+    }
+    (work / "bench.json").write_text(json.dumps(info, indent=2) + "\n")
+    return Setup(idle_path, loaded_path, capacity, info)
+
+
+def refit(
+    training: Scenario, work: Path, initial: CalibratedCoefficients, max_simulations: int
+) -> Path:
+    """The records fit of the training run, saved as ``profile-loaded.json``."""
+    records = read_records(work / "training")
+    coefficients, report, _ = fit_scenario_to_records(
+        training, records, initial, max_evaluations=max_simulations
+    )
+    template = scenario(burst(1), None, 0)
+    profile = fitted_profile(template, coefficients, report, engine=EngineInfo(name="vllm"))
+    return profile.save(work / "profile-loaded.json")
+
+
+def live_runs(
+    server: VLLMServer, tokens: PromptTokens, work: Path, setup: Setup, args: Any
+) -> None:
+    """Step 4: every shape ``--repeats`` times, results under ``work/<shape>/<repeat>``."""
+    target = Target(server.url, server.model_name)
+    for seed, (name, workload) in enumerate(shapes(setup.capacity, args.seconds).items(), 10):
+        for repeat in range(args.repeats):
+            out = work / name.replace(" ", "_").replace("%", "pct") / str(repeat)
+            started = time.monotonic()
+            salted = PromptTokens(tokens.vocab_size, salt=1 + repeat)
+            result = run_live(scenario(workload, setup.idle, seed), target, salted, out_dir=out)
+            result.write(out)
+            lag = result.summary["live"]["load_generator_lag_s"]["p99"] or 0.0
+            print(
+                f"  live {name} #{repeat}: {len(result.records)} requests in "
+                f"{time.monotonic() - started:.0f} s, send lag p99 {lag * 1e3:.1f} ms",
+                flush=True,
+            )
+
+
+def score(work: Path, setup: Setup, seconds: float) -> dict[str, Any]:
+    """Per shape, profile and metric: sim/live − 1 over the repeats and the live spread."""
+    table: dict[str, Any] = {}
+    for seed, (name, workload) in enumerate(shapes(setup.capacity, seconds).items(), 10):
+        folder = work / name.replace(" ", "_").replace("%", "pct")
+        lives = [
+            json.loads((d / "summary.json").read_text())
+            for d in sorted(folder.iterdir())
+            if (d / "summary.json").exists()
+        ]
+        for label, path in (("idle", setup.idle), ("loaded", setup.loaded)):
+            simulated = build(scenario(workload, path, seed)).run().summary
+            for latency, stat in METRICS:
+                live = np.array([s[latency][stat] for s in lives], dtype=np.float64)
+                errors = simulated[latency][stat] / live - 1.0
+                spread = float((live.max() - live.min()) / live.mean()) if live.size else 0.0
+                mean = float(errors.mean())
+                table[f"{name}|{label}|{latency} {stat}"] = {
+                    "error_mean": mean,
+                    "error_min": float(errors.min()),
+                    "error_max": float(errors.max()),
+                    "live_spread": spread,
+                    "repeats": int(live.size),
+                    "meets_target": bool(abs(mean) <= max(TARGET, spread)),
+                }
+    return table
+
+
+def print_table(table: dict[str, Any], setup: Setup) -> None:
+    info = setup.info
+    print(
+        f"calibration: {info['points']} points in {info['calibration_s']:.0f} s, fit error mean "
+        f"{info['fit_error_mean']:.1%}; capacity measured live {info['capacity_rps']:.3f} req/s, "
+        f"simulated {info['simulated_capacity_rps']:.3f} req/s "
+        f"({info['simulated_capacity_rps'] / info['capacity_rps'] - 1:+.1%})"
+    )
+    for label in PROFILES:
+        print(f"\nprofile: {label}  (sim/live − 1: mean of the repeats [min, max]; spread; ok)")
+        print(f"{'shape':<15}" + "".join(f"{f'{lat[:-2]} {st}':>24}" for lat, st in METRICS))
+        shape_names = dict.fromkeys(key.split("|")[0] for key in table)
+        for name in shape_names:
+            cells = []
+            for latency, stat in METRICS:
+                row = table[f"{name}|{label}|{latency} {stat}"]
+                mark = "✓" if row["meets_target"] else "✗"
+                cells.append(
+                    f"{row['error_mean']:+.0%} [{row['error_min']:+.0%},{row['error_max']:+.0%}]"
+                    f" {row['live_spread']:.0%}{mark}"
+                )
+            print(f"{name:<15}" + "".join(f"{c:>24}" for c in cells))
+        met = [r["meets_target"] for k, r in table.items() if f"|{label}|" in k]
+        print(f"meets the target: {sum(met)} of {len(met)}")
+
+
+def rescored_setup(work: Path, max_simulations: int) -> Setup:
+    """A finished run's setup read back; the loaded profile refitted with today's code."""
+    info = json.loads((work / "bench.json").read_text())
+    idle = work / "profile-idle.json"
+    training = scenario(info["training"], idle, seed=99)
+    coefficients = load_profile(idle).coefficients
+    loaded = refit(training, work, coefficients, max_simulations)
+    return Setup(idle, loaded, float(info["capacity_rps"]), info)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--budget", default="90s", help="calibration time budget")
-    parser.add_argument("--requests", type=int, default=100, help="requests per workload")
-    parser.add_argument("--model", default=None, help="local model directory (default: tiny)")
-    parser.add_argument(
-        "--max-simulations", type=int, default=60, help="budget of the records refit"
-    )
+    parser.add_argument("--budget", default="8m", help="calibration time budget")
+    parser.add_argument("--repeats", type=int, default=3, help="live runs of each shape")
+    parser.add_argument("--seconds", type=float, default=120.0, help="length of each live run")
+    parser.add_argument("--capacity-requests", type=int, default=48, help="size of the burst")
+    parser.add_argument("--model", default=None, help="local model directory (default: ~85M)")
+    parser.add_argument("--max-simulations", type=int, default=60, help="records refit budget")
+    parser.add_argument("--out", default=None, help="output directory (default: a temp dir)")
+    parser.add_argument("--rescore", default=None, help="score a finished run's directory")
+    parser.add_argument("--json", action="store_true", help="print the table as JSON")
     args = parser.parse_args()
-    model_dir = Path(args.model) if args.model else ensure_tiny_model()
-    vocab = int(json.loads((model_dir / "config.json").read_text())["vocab_size"])
-    tokens = PromptTokens(vocab)
-    work = Path(tempfile.mkdtemp(prefix="servesim-fidelity-"))
-    with VLLMServer(str(model_dir), ENGINE, log_path=work / "server.log") as server:
-        budget_s = parse_budget(args.budget)
-        plan = MeasurementPlan.for_budget(
-            budget_s, max_model_len=2048, max_num_seqs=32, max_num_batched_tokens=2048
-        )
-        measurement = measure(
-            server.url, server.model_name, tokens, plan, block_size=32, budget_s=budget_s
-        )
-        coefficients, report = fit_steps(measurement.observations)
-        template = scenario(
-            {"arrival": {"type": "poisson", "rate": 1}, **LENGTHS, "num_requests": 1}, None, 0
-        )
-        profile_path = fitted_profile(
-            template, coefficients, report, engine=EngineInfo(name="vllm")
-        ).save(work / "profile.json")
-        capacity = capacity_rps(profile_path)
-        n = args.requests
-        # The load calibration: one Poisson run at half the capacity, then a records fit
-        # starting from the idle profile.
-        training = scenario(
-            {
-                **LENGTHS,
-                "arrival": {"type": "poisson", "rate": 0.5 * capacity},
-                "prefix": {"type": "shared", "num_groups": 2, "prefix_tokens": 512, "share": 0.8},
-                "num_requests": n,
-            },
-            profile_path,
-            seed=99,
-        )
-        trained = run_live(
-            training, Target(server.url, server.model_name), tokens, out_dir=work / "training"
-        )
-        loaded_coefficients, loaded_report, _ = fit_scenario_to_records(
-            training, trained.records, coefficients, max_evaluations=args.max_simulations
-        )
-        loaded_path = fitted_profile(
-            template, loaded_coefficients, loaded_report, engine=EngineInfo(name="vllm")
-        ).save(work / "profile-loaded.json")
-        shared = {"type": "shared", "num_groups": 2, "prefix_tokens": 512, "share": 0.8}
-        workloads = {
-            "poisson 30%": {"arrival": {"type": "poisson", "rate": 0.3 * capacity}},
-            "poisson 60%": {"arrival": {"type": "poisson", "rate": 0.6 * capacity}},
-            "poisson 85%": {"arrival": {"type": "poisson", "rate": 0.85 * capacity}},
-            "gamma cv3 60%": {"arrival": {"type": "gamma", "rate": 0.6 * capacity, "cv": 3}},
-            "multi-turn": {
-                "arrival": {"type": "poisson", "rate": 0.1 * capacity},
-                "prefix": {
-                    "type": "multi_turn",
-                    "turns": {"type": "uniform", "low": 2, "high": 5},
-                    "think_time_s": 1.0,
-                    "system_prompt_tokens": 256,
-                },
-            },
-        }
-        print(
-            f"calibration: {len(measurement.observations)} points in "
-            f"{measurement.duration_s:.0f} s, fit error mean {report.relative_error_mean:.1%}; "
-            f"capacity ≈ {capacity:.2f} req/s; records refit at 50% load: error mean "
-            f"{loaded_report.relative_error_mean:.1%}"
-        )
-        print(f"idle:   {json.dumps(asdict(coefficients))}")
-        print(f"loaded: {json.dumps(asdict(loaded_coefficients))}")
-        header = (
-            "workload",
-            "profile",
-            "TTFT mean",
-            "TTFT p90",
-            "srv TTFT mean",
-            "TPOT mean",
-            "TPOT p90",
-            "hit pts",
-        )
-        print("".join(f"{h:>14}" for h in header))
-        for seed, (name, arrival) in enumerate(workloads.items(), start=10):
-            workload = {**LENGTHS, **arrival, "num_requests": n}
-            if "prefix" not in workload:
-                workload["prefix"] = shared
-            held_out = scenario(workload, profile_path, seed)
-            result = run_live(
-                held_out, Target(server.url, server.model_name), tokens, out_dir=work / name
-            )
-            result.write(work / name)
-            live = result.summary
-            for label, path, front in (
-                ("idle", profile_path, coefficients.frontend_overhead_s),
-                ("loaded", loaded_path, loaded_coefficients.frontend_overhead_s),
-            ):
-                simulated = build(scenario(workload, path, seed)).run().summary
-                server_side = (
-                    ServerSide.from_metrics(result.metrics, front) if result.metrics else None
-                )
-                errors = {r["metric"]: r for r in compare(live, simulated, server=server_side).rows}
-                cells = [
-                    errors[m]["rel_error"] if m in errors else float("nan")
-                    for m in (
-                        "ttft_s mean",
-                        "ttft_s p90",
-                        "server ttft_s mean",
-                        "tpot_s mean",
-                        "tpot_s p90",
-                    )
-                ]
-                hit = errors["prefix hit rate"]["abs_error"] * 100
-                print(
-                    f"{name:>14}{label:>14}"
-                    + "".join(f"{c:>+14.1%}" for c in cells)
-                    + f"{hit:>+14.1f}"
-                )
-    print(
-        "(sim/live − 1; srv TTFT: vLLM's own TTFT histogram against the simulated TTFT less "
-        f"the front-end overhead; outputs in {work})"
-    )
+    if args.rescore:
+        work = Path(args.rescore)
+        setup = rescored_setup(work, args.max_simulations)
+    else:
+        work = Path(args.out or tempfile.mkdtemp(prefix="servesim-fidelity-"))
+        work.mkdir(parents=True, exist_ok=True)
+        model_dir = Path(args.model) if args.model else ensure_tiny_model(MODEL_85M)
+        vocab = int(json.loads((model_dir / "config.json").read_text())["vocab_size"])
+        tokens = PromptTokens(vocab)
+        with VLLMServer(str(model_dir), ENGINE, log_path=work / "server.log") as server:
+            setup = calibrate(server, tokens, work, args)
+            print(f"capacity {setup.capacity:.3f} req/s; live runs:", flush=True)
+            live_runs(server, tokens, work, setup, args)
+    table = score(work, setup, float(setup.info["seconds"]))
+    (work / "fidelity.json").write_text(json.dumps(table, indent=2) + "\n")
+    if args.json:
+        print(json.dumps({"setup": setup.info, "table": table}, indent=2))
+    else:
+        print_table(table, setup)
+    print(f"(outputs in {work})")
 
 
 if __name__ == "__main__":

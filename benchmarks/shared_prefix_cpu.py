@@ -19,7 +19,7 @@ import tempfile
 from dataclasses import asdict, replace
 from pathlib import Path
 
-from fidelity import ENGINE, scenario  # the same CPU server and scenario shape
+from fidelity import ENGINE, MODEL_85M, scenario  # the same CPU server, model and scenario
 
 from calibration.fit import fit_steps
 from calibration.measure_plan import MeasurementPlan
@@ -29,19 +29,11 @@ from calibration.validate import compare
 from live.replay import Target
 from live.run import run_live
 from live.server import VLLMServer
-from live.tiny_model import TinyModelSpec, ensure_tiny_model
+from live.tiny_model import ensure_tiny_model
 from live.tokens import PromptTokens
 from sim.engine.profile import EngineInfo
 from sim.run import build
 
-MODEL_85M = TinyModelSpec(
-    hidden_size=768,
-    intermediate_size=2048,
-    num_layers=12,
-    num_heads=12,
-    num_kv_heads=12,
-    vocab_size=1024,
-)
 METRICS = ("ttft_s mean", "ttft_s p90", "tpot_s mean", "tpot_s p90", "e2e_s mean")
 
 

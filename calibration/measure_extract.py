@@ -8,7 +8,11 @@ kind of point becomes an :class:`~calibration.observations.Observation`:
   ``max_num_batched_tokens``, so the prompt is not chunked). Observation:
   ``BatchShape(num_prefill_tokens=L, num_prefill_seqs=1,
   prefill_attention_pairs=prefill_chunk_pairs(L, 0), num_sampled=1)``, seconds = median TTFT,
-  ``includes_frontend=True``.
+  ``includes_frontend=True``. A *cached* prefill (the first ``C`` tokens computed by an
+  earlier request) computes ``L − C`` tokens after ``C``: ``num_prefill_tokens=L − C``,
+  ``prefill_context_tokens=C``, ``prefill_attention_pairs=prefill_chunk_pairs(L − C, C)``,
+  with ``C`` the median of what the server reported as cached (the plan's ``C`` when it reports
+  nothing).
 * **decode** — ``B`` requests sent at once, each with a fresh ``C``-token prompt. Once the last
   of them has its first token, every step until the first of them finishes is a decode of
   exactly ``B`` sequences. Per request, over that window, the time per step is
@@ -199,13 +203,22 @@ def robust_summary(values: Sequence[float]) -> dict[str, float]:
     }
 
 
-def prefill_observation(prompt_tokens: int, ttfts_s: Sequence[float]) -> Observation:
-    """A lone prefill's observation: median client TTFT, front-end overhead included."""
+def prefill_observation(
+    prompt_tokens: int, ttfts_s: Sequence[float], cached_tokens: int = 0
+) -> Observation:
+    """A lone prefill's observation: median client TTFT, front-end overhead included; the
+    first ``cached_tokens`` of the prompt were computed beforehand (a prefix-cache hit)."""
+    if not 0 <= cached_tokens < prompt_tokens:
+        raise ValueError(
+            f"cached_tokens: must be in [0, prompt_tokens={prompt_tokens}), got {cached_tokens}"
+        )
+    new = prompt_tokens - cached_tokens
     return Observation(
         batch=BatchShape(
-            num_prefill_tokens=prompt_tokens,
+            num_prefill_tokens=new,
             num_prefill_seqs=1,
-            prefill_attention_pairs=prefill_chunk_pairs(prompt_tokens, 0),
+            prefill_attention_pairs=prefill_chunk_pairs(new, cached_tokens),
+            prefill_context_tokens=cached_tokens,
             num_sampled=1,
         ),
         seconds=float(np.median(ttfts_s)),

@@ -6,6 +6,9 @@ sends to a server and :mod:`calibration.measure_extract` turns into observations
 * **prefill** — one lone request with an ``L``-token prompt and ``max_tokens=2``; the plan keeps
   ``L`` within ``max_num_batched_tokens``, so the prompt is not chunked and its TTFT is one
   engine step (plus the front end).
+* **cached prefill** — a prefill point whose prompt's first ``C`` tokens were computed by an
+  earlier request (a system prompt, an earlier turn): the step computes ``L − C`` new tokens that
+  attend to all ``L``, the case that ``prefill`` points (``C = 0``) leave to extrapolation.
 * **decode** — ``B`` requests sent at once, each with a ``C``-token prompt. Each request asks for
   ``decode_tokens`` plus the number of steps the batch's prompts take to prefill (early requests
   decode while later prompts are still being prefilled), so the window where all ``B`` decode
@@ -90,13 +93,15 @@ class Point:
     context_tokens: int = 0  # C of a decode or mixed point
     max_tokens: int = PREFILL_MAX_TOKENS  # output tokens per decode request
     shared_prefix_tokens: int = 0  # P of a shared decode point: leading tokens all prompts share
+    cached_tokens: int = 0  # C of a cached prefill point: leading tokens computed beforehand
 
     @property
     def label(self) -> str:
         """A short description for progress bars and logs."""
         match self.kind:
             case "prefill":
-                return f"prefill L={self.prompt_tokens}"
+                cached = f" cached={self.cached_tokens}" if self.cached_tokens else ""
+                return f"prefill L={self.prompt_tokens}{cached}"
             case "decode":
                 shared = f" P={self.shared_prefix_tokens}" if self.shared_prefix_tokens else ""
                 return f"decode B={self.batch_size} C={self.context_tokens}{shared}"
@@ -107,6 +112,11 @@ class Point:
         """The point's parameters, as recorded in ``Measurement.raw``."""
         match self.kind:
             case "prefill":
+                if self.cached_tokens:
+                    return {
+                        "prompt_tokens": self.prompt_tokens,
+                        "cached_tokens": self.cached_tokens,
+                    }
                 return {"prompt_tokens": self.prompt_tokens}
             case "decode":
                 params = {
@@ -147,6 +157,7 @@ class MeasurementPlan:
     decode_tokens: int = 32
     mixed: bool = True
     shared_prefix: bool = True
+    cached_prefill: bool = True
     repetitions: int = 3
     max_model_len: int | None = None
     max_num_seqs: int | None = None
@@ -259,7 +270,7 @@ class MeasurementPlan:
         candidates.append(replace(thinner, decode_contexts=_thin(contexts, 2)))
         candidates.append(replace(candidates[-1], repetitions=2))
         candidates.append(replace(candidates[-1], mixed=False))
-        candidates.append(replace(candidates[-1], shared_prefix=False))
+        candidates.append(replace(candidates[-1], shared_prefix=False, cached_prefill=False))
         smallest = replace(
             candidates[-1],
             prefill_lengths=_thin(lengths, 3),
@@ -288,6 +299,7 @@ class MeasurementPlan:
                     max_tokens=self.decode_tokens + self.ramp_steps(batch, context),
                 )
             )
+        points.extend(self.cached_prefill_points())
         points.extend(self.shared_points())
         if self.mixed:
             length = sorted(self.prefill_lengths)[len(self.prefill_lengths) // 2]
@@ -313,6 +325,25 @@ class MeasurementPlan:
                     )
                 )
         return points
+
+    def cached_prefill_points(self) -> list[Point]:
+        """Cached prefill points: the shortest and the middle prefill length computed after a
+        cached prefix of the largest decode context (aligned down to whole blocks, see
+        :data:`SHARED_PREFIX_ALIGN`), kept within one step and ``max_model_len``."""
+        if not self.cached_prefill:
+            return []
+        cached = max(self.decode_contexts) // SHARED_PREFIX_ALIGN * SHARED_PREFIX_ALIGN
+        if cached < SHARED_PREFIX_ALIGN:
+            return []
+        lengths = sorted(set(self.prefill_lengths))
+        points = []
+        for new in dict.fromkeys([lengths[0], lengths[len(lengths) // 2]]):
+            if self.max_model_len is not None:
+                new = min(new, self.max_model_len - PREFILL_MAX_TOKENS - cached)
+            if new < 1:
+                continue
+            points.append(Point("prefill", prompt_tokens=cached + new, cached_tokens=cached))
+        return list(dict.fromkeys(points))
 
     def shared_points(self) -> list[Point]:
         """Shared decode points: the largest batch (of at least 8) at the largest context,
@@ -371,6 +402,11 @@ class MeasurementPlan:
 def estimate_point_s(point: Point, cost: PointCost) -> float:
     """Estimated seconds for one repetition of ``point``."""
     match point.kind:
+        case "prefill" if point.cached_tokens:
+            # The prefix is computed first (once), then the remaining tokens.
+            return cost.prefill_s(point.cached_tokens) + cost.prefill_s(
+                point.prompt_tokens - point.cached_tokens
+            )
         case "prefill":
             return cost.prefill_s(point.prompt_tokens)
         case "decode":

@@ -39,6 +39,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import httpx
+import numpy as np
 
 from calibration.measure_extract import (
     STALL_RATIO,
@@ -272,9 +273,7 @@ class _Runner:
             reps_run += 1
             match point.kind:
                 case "prefill":
-                    result = await self.send(
-                        self.prompt(index, repetition, 0, point.prompt_tokens), PREFILL_MAX_TOKENS
-                    )
+                    result = await self.prefill(index, repetition, point)
                     if not _ok(result, errors):
                         continue
                     values.append(ttft_s(result))
@@ -321,6 +320,17 @@ class _Runner:
                     )
         entry, observation = _point_result(point, values, errors, details, windows, steps)
         return entry, observation, reps_run
+
+    async def prefill(self, index: int, repetition: int, point: Point) -> StreamResult:
+        """A lone prefill; a cached one sends its prefix first, so that it is a cache hit."""
+        cached = point.cached_tokens
+        prompt = self.prompt(index, repetition, 0, point.prompt_tokens - cached)
+        if cached:
+            prefix = self.prompt(index, repetition, -1, cached)
+            # One token past the prefix: its blocks are all full, so all of them are cached.
+            await self.send([*prefix, *self.prompt(index, repetition, -2, 1)], 1)
+            prompt = prefix + prompt
+        return await self.send(prompt, PREFILL_MAX_TOKENS)
 
     def decode_prompt(self, index: int, repetition: int, request: int, point: Point) -> list[int]:
         """A decode point's prompt: its own tokens, after the batch's shared prefix if any."""
@@ -393,7 +403,9 @@ def _point_result(
         entry.update(seconds=summary["median"], iqr_s=summary["iqr"])
         match point.kind:
             case "prefill":
-                observation = prefill_observation(point.prompt_tokens, values)
+                observation = prefill_observation(
+                    point.prompt_tokens, values, _cached_tokens(point, details)
+                )
             case "decode":
                 observation = decode_observation(
                     point.batch_size, windows, point.shared_prefix_tokens
@@ -415,6 +427,14 @@ class _FirstArrivalClock:
         if self.calls >= 2:
             self.arrived.set()
         return time.perf_counter()
+
+
+def _cached_tokens(point: Point, details: Sequence[dict[str, Any]]) -> int:
+    """What a prefill point had cached: the median the server reported, else the plan's."""
+    reported = [d["cached_tokens"] for d in details if d.get("cached_tokens") is not None]
+    if not point.cached_tokens or not reported:
+        return point.cached_tokens
+    return min(int(np.median(reported)), point.prompt_tokens - 1)
 
 
 def _ok(result: StreamResult, errors: list[str]) -> bool:

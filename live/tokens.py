@@ -6,6 +6,10 @@ of :data:`CHUNK_TOKENS`, each from its own generator seeded by ``(source_id, chu
 first *n* tokens of a source are the same whatever length was asked for: equal segments give
 equal token ids, and vLLM's block hashes (over token ids) match the simulator's block keys.
 
+A ``salt`` enters every seed: two runs of the same workload with different salts share no
+tokens, so the second does not hit what the first left in the server's prefix cache (the
+simulator starts every run with an empty cache). Within one run the sharing is unchanged.
+
 In a multi-turn session a later turn's prompt contains an earlier answer. The client then sends
 the tokens the server actually generated for that answer (``outputs``), as a chat client sends
 the assistant's reply back, so the server can hit the blocks it cached while decoding.
@@ -30,9 +34,14 @@ class PromptTokens:
     ``first_id`` keeps clear of the low ids where tokenizers put special tokens (BOS, EOS, pad).
     """
 
-    def __init__(self, vocab_size: int, *, first_id: int = 3, cache_chunks: int = 4096) -> None:
+    def __init__(
+        self, vocab_size: int, *, first_id: int = 3, cache_chunks: int = 4096, salt: int = 0
+    ) -> None:
         if vocab_size <= first_id + 1:
             raise ValueError(f"vocab_size: must be > {first_id + 1}, got {vocab_size}")
+        if salt < 0:
+            raise ValueError(f"salt: must be >= 0, got {salt}")
+        self.salt = salt
         self.vocab_size = vocab_size
         self.first_id = first_id
         self._cache: OrderedDict[tuple[int, int], np.ndarray] = OrderedDict()
@@ -42,7 +51,16 @@ class PromptTokens:
         key = (source_id, index)
         chunk = self._cache.get(key)
         if chunk is None:
-            rng = np.random.default_rng([source_id & _MASK_64, index])
+            # Salt 0 keeps the seeds (and so the tokens) of runs from before salts existed.
+            seed = (
+                [source_id & _MASK_64, index, self.salt]
+                if self.salt
+                else [
+                    source_id & _MASK_64,
+                    index,
+                ]
+            )
+            rng = np.random.default_rng(seed)
             chunk = rng.integers(self.first_id, self.vocab_size, CHUNK_TOKENS, dtype=np.int64)
             self._cache[key] = chunk
             if len(self._cache) > self._cache_chunks:

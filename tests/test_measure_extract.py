@@ -63,6 +63,19 @@ def test_prefill_observation_is_the_median_ttft_with_the_front_end() -> None:
     )
 
 
+def test_a_cached_prefill_computes_only_the_tokens_after_the_cached_prefix() -> None:
+    observation = prefill_observation(1024, [0.02, 0.03], cached_tokens=896)
+    assert observation.batch == BatchShape(
+        num_prefill_tokens=128,
+        num_prefill_seqs=1,
+        prefill_attention_pairs=128 * 896 + 128 * 129 // 2,
+        prefill_context_tokens=896,
+        num_sampled=1,
+    )
+    with pytest.raises(ValueError, match="cached_tokens"):
+        prefill_observation(512, [0.02], cached_tokens=512)
+
+
 def test_decode_window_covers_only_steps_where_all_requests_decode() -> None:
     # Three requests, steps of 10 ms once all decode; the first started 3 steps earlier with
     # slow (mixed) steps, which must not count.

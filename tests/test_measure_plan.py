@@ -99,3 +99,23 @@ def test_shared_decode_points_share_whole_blocks_of_the_largest_batchs_prompts()
     assert not MeasurementPlan((32,), (1, 4), (1024,), mixed=False).shared_points()
     off = MeasurementPlan((32,), (32,), (1024,), mixed=False, shared_prefix=False)
     assert not off.shared_points()
+
+
+def test_cached_prefill_points_compute_prompts_after_a_cached_prefix() -> None:
+    plan = MeasurementPlan((32, 128, 512), (1, 8), (64, 1008), mixed=False, **LIMITS)
+    cached = [p for p in plan.points() if p.cached_tokens]
+    # The shortest and the middle length after the largest context's whole blocks.
+    assert [(p.prompt_tokens, p.cached_tokens) for p in cached] == [(928, 896), (1024, 896)]
+    assert all(p.kind == "prefill" and "cached=896" in p.label for p in cached)
+    assert cached[0].params() == {"prompt_tokens": 928, "cached_tokens": 896}
+    # Within max_model_len: the new part shrinks to fit.
+    tight = MeasurementPlan(
+        (32, 512, 1024), (1,), (64, 1008), mixed=False, max_model_len=1100
+    ).cached_prefill_points()
+    assert all(p.prompt_tokens + 2 <= 1100 for p in tight)
+    assert [p.prompt_tokens - p.cached_tokens for p in tight] == [32, 202]
+    # Turned off, or no context long enough for a whole aligned prefix: none.
+    assert not MeasurementPlan((32,), (1,), (1008,), cached_prefill=False).cached_prefill_points()
+    assert not MeasurementPlan((32,), (1,), (100,)).cached_prefill_points()
+    # The smallest plan leaves them out with the shared decode points.
+    assert not MeasurementPlan.for_budget(1, **LIMITS).cached_prefill_points()

@@ -41,3 +41,18 @@ def test_real_answers_replace_the_planned_output_stream() -> None:
 def test_vocab_must_leave_room_for_tokens() -> None:
     with pytest.raises(ValueError, match="vocab_size"):
         PromptTokens(3)
+
+
+def test_a_salt_changes_every_token_but_keeps_the_sharing_within_a_run() -> None:
+    # A repeated live run must not hit what the previous one left in the prefix cache.
+    plain, salted = PromptTokens(32000), PromptTokens(32000, salt=7)
+    first = make_request(1, prompt_tokens=300, shared_prefix_tokens=256)
+    second = make_request(2, prompt_tokens=280, shared_prefix_tokens=256)
+    a, b = salted.prompt_ids(first), salted.prompt_ids(second)
+    assert a[:256] == b[:256]
+    unsalted = plain.prompt_ids(first)
+    assert sum(x == y for x, y in zip(a, unsalted, strict=True)) < 10  # chance collisions only
+    assert PromptTokens(32000, salt=7).prompt_ids(first) == a
+    assert PromptTokens(32000, salt=8).prompt_ids(first) != a
+    with pytest.raises(ValueError, match="salt"):
+        PromptTokens(32000, salt=-1)

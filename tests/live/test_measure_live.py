@@ -51,8 +51,14 @@ def test_a_small_plan_measures_every_kind(vllm_server: Any, tiny_model_dir: Path
         by_kind.setdefault(observation.kind, []).append(observation)
     assert set(by_kind) == {"prefill", "decode", "mixed"}, measurement.raw
 
-    prefill_s = {o.batch.num_prefill_tokens: o.seconds for o in by_kind["prefill"]}
+    lone = [o for o in by_kind["prefill"] if not o.batch.prefill_context_tokens]
+    prefill_s = {o.batch.num_prefill_tokens: o.seconds for o in lone}
     assert set(prefill_s) == {32, 512, 1536}
+    # Cached prefills: the new tokens after a 512-token prefix the server had computed (the
+    # server's own count when it reports one, else the plan's).
+    cached = [o for o in by_kind["prefill"] if o.batch.prefill_context_tokens]
+    assert sorted(o.batch.num_prefill_tokens for o in cached) == [32, 512]
+    assert all(o.batch.prefill_context_tokens == 512 for o in cached), measurement.raw
     assert prefill_s[32] < prefill_s[1536]
     assert all(o.includes_frontend for o in by_kind["prefill"])
     for decode in by_kind["decode"]:
