@@ -341,7 +341,7 @@ def validate(
     )
     from live.replay import Target
     from live.run import run_live
-    from live.tokens import PromptTokens
+    from live.tokens import PromptTokens, fresh_salt
     from sim.engine.profile import load_profile
     from sim.run import build
 
@@ -359,7 +359,9 @@ def validate(
         served,
         vocab,
     ):
-        live = run_live(scenario, Target(base_url, served), PromptTokens(vocab), out_dir=out)
+        # A fresh salt: the live half must not hit what an earlier run left in the cache.
+        tokens = PromptTokens(vocab, salt=fresh_salt())
+        live = run_live(scenario, Target(base_url, served), tokens, out_dir=out)
     server = None
     if live.metrics is not None and live.metrics.ttft.count:
         frontend = load_profile(profile).coefficients.frontend_overhead_s

@@ -154,6 +154,15 @@ def run_command(
     warmup: Annotated[int, typer.Option(help="warm-up requests before the measured part")] = 2,
     timeout_s: Annotated[float, typer.Option(help="per-request deadline in seconds")] = 600.0,
     fmt: Annotated[str, typer.Option("--format", help="parquet | csv")] = "parquet",
+    prompt_salt: Annotated[
+        int | None,
+        typer.Option(
+            "--prompt-salt",
+            help="salt of the prompts' token ids (default: a fresh one, or the resumed run's); "
+            "0 sends the scenario's own tokens. A repeated run with the same salt hits what "
+            "the last one left in the server's prefix cache",
+        ),
+    ] = None,
     resume: Annotated[
         bool,
         typer.Option(
@@ -187,10 +196,29 @@ def run_command(
     requests = scenario_requests(scenario)
     # Checked before a server is launched or attached: a refusal should cost nothing.
     resume_from = _read_resume_or_exit(out, scenario, requests) if resume else None
+    salt = _prompt_salt_or_exit(prompt_salt, out if resume else None)
     out.mkdir(parents=True, exist_ok=True)
     server = _ServerChoice(url, launch, model, vocab_size, endpoint)
-    result = _replay_on_server(scenario, server, out, options, requests, resume_from)
+    result = _replay_on_server(scenario, server, out, options, requests, resume_from, salt)
     _report_run(result, out, fmt)
+
+
+def _prompt_salt_or_exit(given: int | None, resumed: Path | None) -> int:
+    """The salt to send prompts with: the given one, the resumed run's, or a fresh one."""
+    from live.run import recorded_salt
+    from live.tokens import fresh_salt
+
+    if given is not None and given < 0:
+        fail(f"--prompt-salt: must be >= 0, got {given}")
+    if resumed is None:
+        return fresh_salt() if given is None else given
+    recorded = recorded_salt(resumed)
+    if given is not None and given != recorded:
+        fail(
+            f"--prompt-salt: the run in {resumed} used salt {recorded}; resume with it (or "
+            "leave the option out)"
+        )
+    return recorded
 
 
 def _check_run_flags(endpoint: str, fmt: str, max_concurrency: int | None) -> None:
@@ -243,6 +271,7 @@ def _replay_on_server(
     options: ReplayOptions,
     requests: list[Request],
     resume_from: RecordsFile | None,
+    salt: int,
 ) -> LiveResult:
     """Launch or attach to the server and replay; exit 130 on Ctrl-C, 1 if warm-up fails."""
     from live.replay import ReplayError, Target
@@ -258,7 +287,7 @@ def _replay_on_server(
             return run_live(
                 scenario,
                 target,
-                PromptTokens(vocab),
+                PromptTokens(vocab, salt=salt),
                 out_dir=out,
                 options=options,
                 requests=requests,

@@ -55,15 +55,30 @@ def scenario_digest(scenario: Scenario) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-def records_meta(scenario: Scenario, requests: list[Request]) -> dict[str, Any]:
-    """What ``records.meta.json`` holds: which scenario and requests the records belong to."""
+def records_meta(
+    scenario: Scenario, requests: list[Request], prompt_salt: int = 0
+) -> dict[str, Any]:
+    """What ``records.meta.json`` holds: which scenario and requests the records belong to, and
+    the salt of their prompts' token ids (see :class:`live.tokens.PromptTokens`)."""
     return {
         "format": RECORDS_META_FORMAT,
         "scenario": scenario.name,
         "scenario_sha256": scenario_digest(scenario),
         "requests_sha256": requests_digest(requests),
         "num_requests": len(requests),
+        "prompt_salt": prompt_salt,
     }
+
+
+def recorded_salt(out_dir: Path) -> int:
+    """The prompt salt of the run in ``out_dir`` (0 for records from before salts existed): a
+    resumed run sends its prompts again with it, so later turns hit what earlier ones cached."""
+    try:
+        meta = read_document(out_dir / RECORDS_META_FILE, format="json")
+    except DocumentError:
+        return 0
+    salt = meta.get("prompt_salt", 0) if isinstance(meta, dict) else 0
+    return salt if isinstance(salt, int) and salt >= 0 else 0
 
 
 def read_resume(out_dir: Path, scenario: Scenario, requests: list[Request]) -> RecordsFile:
@@ -214,7 +229,7 @@ def run_live(
     records_path = out_dir / RECORDS_FILE
     if resume_from is None:
         records_path.unlink(missing_ok=True)
-        meta = json.dumps(records_meta(scenario, requests), indent=2)
+        meta = json.dumps(records_meta(scenario, requests, tokens.salt), indent=2)
         (out_dir / RECORDS_META_FILE).write_text(meta + "\n", encoding="utf-8")
     elif resume_from.note:
         notes.append(resume_from.note)
@@ -246,7 +261,11 @@ def run_live(
     slo = SLO(scenario.slo.ttft_s, scenario.slo.tpot_s, scenario.slo.percentile)
     summary = summarize_live(result, slo, delta, capacity)
     summary["live"].update(
-        url=target.base_url, model=target.model, endpoint=target.endpoint, notes=notes
+        url=target.base_url,
+        model=target.model,
+        endpoint=target.endpoint,
+        notes=notes,
+        prompt_salt=tokens.salt,
     )
     return LiveResult(
         records_frame(result.records), summary, delta, result, options.record_token_times

@@ -17,6 +17,7 @@ the assistant's reply back, so the server can hit the blocks it cached while dec
 
 from __future__ import annotations
 
+import secrets
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 
@@ -26,6 +27,12 @@ from sim.engine.request import Request
 
 CHUNK_TOKENS = 64
 _MASK_64 = (1 << 64) - 1
+
+
+def fresh_salt() -> int:
+    """A salt no earlier run used (with overwhelming probability): for a live run's prompts,
+    recorded in its ``records.meta.json`` and summary so the run can be sent again exactly."""
+    return secrets.randbits(31) + 1
 
 
 class PromptTokens:

@@ -375,3 +375,27 @@ def test_the_failures_are_summarised_with_their_reasons(
     assert f"{num_failed} requests did not complete:" in text
     reason = records.loc[records["status"] != "ok", "error"].iloc[0][:40]
     assert " ".join(reason.split()) in text
+
+
+def test_a_resumed_run_sends_its_prompts_with_the_salt_it_started_with(tmp_path: Path) -> None:
+    # A fresh run gets a fresh salt (a repeat must not hit the last run's prefix cache); a
+    # resume keeps the recorded one, so later turns still hit what the earlier ones cached.
+    import typer
+
+    from live.cli import _prompt_salt_or_exit
+    from live.run import recorded_salt
+
+    scenario = parse_scenario(scenario_dict())
+    requests = scenario_requests(scenario)
+    assert recorded_salt(tmp_path) == 0  # nothing recorded: the scenario's own tokens
+    (tmp_path / RECORDS_META_FILE).write_text(json.dumps(records_meta(scenario, requests, 42)))
+    assert recorded_salt(tmp_path) == 42
+    assert _prompt_salt_or_exit(None, tmp_path) == 42
+    assert _prompt_salt_or_exit(42, tmp_path) == 42
+    with pytest.raises(typer.Exit):
+        _prompt_salt_or_exit(7, tmp_path)
+    with pytest.raises(typer.Exit):
+        _prompt_salt_or_exit(-1, None)
+    assert _prompt_salt_or_exit(5, None) == 5
+    fresh = {_prompt_salt_or_exit(None, None) for _ in range(5)}
+    assert len(fresh) == 5 and min(fresh) > 0
