@@ -173,8 +173,17 @@ async def measure_async(
                 measurement.complete = False
                 measurement.skipped = [p.label for p in points[index:]]
                 break
+            repetitions = plan.repetitions
+            if budget_s is not None:
+                repetitions = repetitions_within(
+                    budget_s - (time.perf_counter() - start),
+                    [estimate_point_s(p, runner.cost) * scale for p in points[index:]],
+                    plan.repetitions,
+                )
             point_start = time.perf_counter()
-            entry, observation, reps_run = await runner.run_point(index, point, over_budget)
+            entry, observation, reps_run = await runner.run_point(
+                index, point, over_budget, repetitions
+            )
             spent_s += time.perf_counter() - point_start
             estimated_s += per_rep_s * max(1, reps_run)
             entry["block_size"] = block_size
@@ -185,6 +194,20 @@ async def measure_async(
                 progress(index + 1, total, point.label)
     measurement.duration_s = time.perf_counter() - start
     return measurement
+
+
+def repetitions_within(remaining_s: float, per_rep_s: Sequence[float], most: int) -> int:
+    """Repetitions per point (1 … ``most``) that let every point left run within the budget.
+
+    ``per_rep_s`` are the estimated seconds of one repetition of each point left, already scaled
+    by how the points so far compared with their estimates. A server slower than the plan's
+    costs assumed thus gets fewer repetitions of every point rather than the first points in
+    full and the rest not at all (a decode grid never measured is extrapolated by the fit).
+    """
+    total = sum(per_rep_s)
+    if total <= 0:
+        return most
+    return max(1, min(most, math.floor(remaining_s / total)))
 
 
 class _Runner:
@@ -257,16 +280,16 @@ class _Runner:
             )
 
     async def run_point(
-        self, index: int, point: Point, over_budget: Callable[[], bool]
+        self, index: int, point: Point, over_budget: Callable[[], bool], repetitions: int
     ) -> tuple[dict[str, Any], Observation | None, int]:
-        """Run every repetition of ``point``; return its raw entry, observation, reps run."""
+        """Run ``repetitions`` of ``point``; return its raw entry, observation, reps run."""
         values: list[float] = []
         errors: list[str] = []
         details: list[dict[str, Any]] = []
         windows: list[DecodeWindow] = []
         steps: list[MixedStep] = []
         reps_run = 0
-        for repetition in range(self.plan.repetitions):
+        for repetition in range(repetitions):
             if repetition and over_budget():
                 errors.append(f"stopped after {repetition} repetitions: budget used")
                 break

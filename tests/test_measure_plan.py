@@ -119,3 +119,17 @@ def test_cached_prefill_points_compute_prompts_after_a_cached_prefix() -> None:
     assert not MeasurementPlan((32,), (1,), (100,)).cached_prefill_points()
     # The smallest plan leaves them out with the shared decode points.
     assert not MeasurementPlan.for_budget(1, **LIMITS).cached_prefill_points()
+
+
+def test_a_slow_server_gets_fewer_repetitions_of_every_point_not_fewer_points() -> None:
+    from calibration.measure_runner import repetitions_within
+
+    # Points left: 10 s per repetition in all. 35 s left → 3 of each; 12 s → 1; 100 s → capped.
+    per_rep = [4.0, 3.0, 2.0, 1.0]
+    assert repetitions_within(35.0, per_rep, 5) == 3
+    assert repetitions_within(12.0, per_rep, 5) == 1
+    assert repetitions_within(100.0, per_rep, 5) == 5
+    # Not even one of each fits: one repetition each, the budget check then skips what is left.
+    assert repetitions_within(5.0, per_rep, 5) == 1
+    assert repetitions_within(-1.0, per_rep, 5) == 1
+    assert repetitions_within(10.0, [], 3) == 3
