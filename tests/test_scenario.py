@@ -200,3 +200,16 @@ def test_the_schema_stays_one_import_away() -> None:
     assert sim.scenario.FleetSpec is sections.FleetSpec
     assert sim.scenario.WorkloadSpec is workload.WorkloadSpec
     assert load.DEFAULT_SCENARIO_FILE in {p.name for p in Path(sim.__file__).parent.glob("*.yaml")}
+
+
+def test_vllm_bench_burstiness_is_a_gamma_shape() -> None:
+    # vllm bench serve --burstiness B: gamma gaps of shape B, so cv = 1/sqrt(B); 1 is Poisson.
+    data = scenario_dict()
+    data["workload"]["arrival"] = {"type": "gamma", "rate": 4, "burstiness": 0.25}
+    arrival = parse_scenario(data).workload.arrival
+    assert arrival is not None and arrival.type == "gamma"
+    assert arrival.cv == pytest.approx(2.0)
+    data["workload"]["arrival"] = {"type": "gamma", "rate": 4, "burstiness": 0.25, "cv": 2}
+    assert any("cv or burstiness" in p for p in problems(data))
+    data["workload"]["arrival"] = {"type": "gamma", "rate": 4, "burstiness": 0}
+    assert any("burstiness" in p and "got 0" in p for p in problems(data))

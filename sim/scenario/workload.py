@@ -22,11 +22,33 @@ class PoissonArrivalSpec(Spec):
 
 
 class GammaArrivalSpec(Spec):
-    """Renewal arrivals with gamma gaps: mean rate ``rate``, coefficient of variation ``cv``."""
+    """Renewal arrivals with gamma gaps: mean rate ``rate``, coefficient of variation ``cv``.
+
+    ``burstiness`` is ``vllm bench serve --burstiness`` (the gamma shape: 1 is Poisson, lower
+    is burstier) and may stand in for ``cv``: ``cv = 1/√burstiness``.
+    """
 
     type: Literal["gamma"]
     rate: PositiveFloat
     cv: Annotated[float, Field(ge=0.01, le=100)]
+
+    @model_validator(mode="before")
+    @classmethod
+    def _burstiness_as_cv(cls, data: object) -> object:
+        if not isinstance(data, dict) or "burstiness" not in data:
+            return data
+        data = dict(data)
+        burstiness = data.pop("burstiness")
+        if "cv" in data:
+            raise ValueError("give cv or burstiness, not both (cv = 1/sqrt(burstiness))")
+        if isinstance(burstiness, bool) or not isinstance(burstiness, int | float):
+            raise ValueError(f"burstiness: must be a number > 0, got {burstiness!r}")
+        if not 1e-4 <= burstiness <= 1e4:
+            raise ValueError(
+                f"burstiness: must be in [0.0001, 10000] (cv 100 … 0.01), got {burstiness}"
+            )
+        data["cv"] = float(burstiness) ** -0.5
+        return data
 
 
 class ConstantArrivalSpec(Spec):
