@@ -44,6 +44,14 @@ def calibrate(
     max_simulations: Annotated[
         int, typer.Option(help="with --records: most simulations the search may run", min=1)
     ] = 60,
+    assume_arrivals: Annotated[
+        bool,
+        typer.Option(
+            "--assume-arrivals",
+            help="with --records: fit records whose send times are unknown (an imported file "
+            "without start_times) as if every request arrived at 0",
+        ),
+    ] = False,
     data_dir: Annotated[
         Path, typer.Option(help="where the operator tables are (shared/data)")
     ] = Path("../shared/data"),
@@ -62,7 +70,9 @@ def calibrate(
     """
     _check_one_source(url=url, launch=launch, operators=operators, records=records)
     if records is not None:
-        _calibrate_from_records(load_or_exit(scenario_path), records, max_simulations, out)
+        _calibrate_from_records(
+            load_or_exit(scenario_path), records, max_simulations, out, assume_arrivals
+        )
     elif operators is not None:
         scenario = load_or_exit(scenario_path)
         if operators == "torch" or Path(operators).is_dir():
@@ -182,17 +192,29 @@ def _calibrate_from_operators(scenario: Scenario, source: str, data_dir: Path, o
 
 
 def _calibrate_from_records(
-    scenario: Scenario, path: Path, max_simulations: int, out: Path
+    scenario: Scenario, path: Path, max_simulations: int, out: Path, assume_arrivals: bool
 ) -> None:
     """Search coefficients under which a replay of the records reproduces their latencies."""
     from calibration.profile import EngineInfo, fitted_profile
-    from calibration.records import fit_scenario_to_records, read_records, roofline_coefficients
+    from calibration.records import (
+        arrivals_unknown,
+        fit_scenario_to_records,
+        read_records,
+        roofline_coefficients,
+    )
     from sim.engine.profile import load_profile
 
     try:
         frame = read_records(path)
     except ValueError as exc:
         fail(str(exc))
+    unknown = arrivals_unknown(path)
+    if unknown and not assume_arrivals:
+        fail(
+            f"--records: {unknown}; replaying them would fit a burst that never happened. "
+            "Import a file with send times (vllm bench serve --save-detailed), or pass "
+            "--assume-arrivals to fit them as a burst anyway"
+        )
     if isinstance(scenario.latency, ProfileLatencySpec):
         initial = load_profile(scenario.latency.path).coefficients
         start = f"the profile {scenario.latency.path}"

@@ -18,6 +18,7 @@ records do not say what the prompts contained, so nothing is shared in the prefi
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections.abc import Callable
 from pathlib import Path
 
@@ -87,6 +88,30 @@ def read_records(path: str | Path) -> pd.DataFrame:
             "(servesim live run, or servesim live import for vllm bench / GuideLLM results)"
         )
     return frame
+
+
+def arrivals_unknown(path: str | Path) -> str | None:
+    """Why the send times of the records at ``path`` are unknown, or None when they are known.
+
+    ``live import`` writes the source's metadata beside the records; a ``vllm bench serve`` file
+    without ``start_times`` leaves every ``arrival_s`` at 0 and says so there.
+    """
+    from live.importers import IMPORT_META_FILE
+
+    folder = Path(path) if Path(path).is_dir() else Path(path).parent
+    meta_path = folder / IMPORT_META_FILE
+    if not meta_path.is_file():
+        return None
+    try:
+        meta = json.loads(meta_path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if isinstance(meta, dict) and meta.get("arrival_known") is False:
+        return (
+            f"the records were imported from {meta.get('source', 'a file')} without send "
+            "times (every arrival_s is 0)"
+        )
+    return None
 
 
 def replay_requests(scenario: Scenario, records: pd.DataFrame) -> tuple[list[Request], str]:

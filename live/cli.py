@@ -5,6 +5,7 @@ results of other benchmark tools. Heavy imports (httpx, torch, vLLM) happen insi
 from __future__ import annotations
 
 import contextlib
+import json
 import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -356,7 +357,7 @@ def import_command(
     fmt: Annotated[str, typer.Option("--format", help="parquet | csv")] = "parquet",
 ) -> None:
     """Read another benchmark tool's results into records (for calibration and validation)."""
-    from live.importers import BenchmarkImportError, import_records
+    from live.importers import IMPORT_META_FILE, BenchmarkImportError, import_records
 
     try:
         imported = import_records(path)
@@ -368,4 +369,15 @@ def import_command(
         imported.records.to_csv(target, index=False)
     else:
         imported.records.to_parquet(target, index=False)
+    # What the file said about the run, beside the records: `calibrate --records` reads it.
+    meta = {"format": imported.format, "source": str(path), **imported.metadata}
+    (out / IMPORT_META_FILE).write_text(json.dumps(meta, indent=2, default=str) + "\n")
     typer.echo(f"{len(imported.records)} records ({imported.format}) -> {target}")
+    if imported.metadata.get("arrival_known") is False:
+        stderr.print(
+            "[bold yellow]warning:[/] the file has no start_times: every request's arrival_s "
+            "is 0, as if all were sent at once. TTFT and E2E still hold; a replay or "
+            "`calibrate --records` would see a burst that never happened (re-run vllm bench "
+            "serve with --save-detailed to keep the send times)",
+            highlight=False,
+        )

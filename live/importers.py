@@ -41,6 +41,11 @@ from live.import_vllm_bench import import_vllm_bench
 ImportFormat = Literal["auto", "vllm_bench", "guidellm"]
 
 
+#: Written by ``live import`` beside the records: what the source file said about the run
+#: (``arrival_known`` False: the file had no send times, every ``arrival_s`` is 0).
+IMPORT_META_FILE = "import.json"
+
+
 def import_records(
     path: str | Path,
     format: ImportFormat = "auto",

@@ -158,3 +158,39 @@ def test_bad_records_are_clear_errors(tmp_path: Path, measured: tuple[Path, Path
     empty.mkdir()
     result = calibrate(str(scenario_path), "--records", str(empty), "--out", out)
     assert result.returncode == 2 and "holds no records" in result.stderr
+
+
+def test_records_without_send_times_are_not_fitted_as_a_burst_unless_asked(
+    tmp_path: Path,
+) -> None:
+    # A vllm bench serve file without start_times: `live import` says so and records it, and
+    # `calibrate --records` refuses to fit arrivals it does not know, unless told to.
+    from tests.test_importers import vllm_result, write_json
+
+    document = vllm_result()
+    for name in ("start_times", "latencies", "queue_times"):
+        del document[name]
+    imported = tmp_path / "imported"
+    result = subprocess.run(
+        [sys.executable, "-m", "servesim.cli", "live", "import"]
+        + [str(write_json(tmp_path / "old.json", document)), "--out", str(imported)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "no start_times" in result.stderr
+    assert json.loads((imported / "import.json").read_text())["arrival_known"] is False
+    scenario_path = tmp_path / "s.yaml"
+    scenario_path.write_text(yaml.safe_dump(bursty(num_requests=3)))
+    out = str(tmp_path / "p.json")
+    refused = calibrate(str(scenario_path), "--records", str(imported), "--out", out)
+    assert refused.returncode == 2 and not Path(out).exists()
+    assert "without send times" in refused.stderr and "--assume-arrivals" in refused.stderr
+    forced = calibrate(
+        str(scenario_path), "--records", str(imported), "--out", out, "--assume-arrivals",
+        "--max-simulations", "3",
+    )  # fmt: skip
+    assert forced.returncode == 0, forced.stderr
+    assert Path(out).exists()
