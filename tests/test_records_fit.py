@@ -171,9 +171,9 @@ def test_records_without_send_times_are_not_fitted_as_a_burst_unless_asked(
     for name in ("start_times", "latencies", "queue_times"):
         del document[name]
     imported = tmp_path / "imported"
+    source = str(write_json(tmp_path / "old.json", document))
     result = subprocess.run(
-        [sys.executable, "-m", "servesim.cli", "live", "import"]
-        + [str(write_json(tmp_path / "old.json", document)), "--out", str(imported)],
+        [sys.executable, "-m", "servesim.cli", "live", "import", source, "--out", str(imported)],
         capture_output=True,
         text=True,
         timeout=120,
