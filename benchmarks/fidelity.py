@@ -247,11 +247,14 @@ def score(work: Path, setup: Setup, seconds: float) -> dict[str, Any]:
     table: dict[str, Any] = {}
     for seed, (name, workload) in enumerate(shapes(setup.capacity, seconds).items(), 10):
         folder = work / name.replace(" ", "_").replace("%", "pct")
+        runs = sorted(folder.iterdir()) if folder.is_dir() else []
         lives = [
             json.loads((d / "summary.json").read_text())
-            for d in sorted(folder.iterdir())
+            for d in runs
             if (d / "summary.json").exists()
         ]
+        if not lives:
+            continue  # not run (a run stopped early): scored without it
         for label, path in (("idle", setup.idle), ("loaded", setup.loaded)):
             simulated = build(scenario(workload, path, seed)).run().summary
             for latency, stat in METRICS:
@@ -291,7 +294,7 @@ def print_table(table: dict[str, Any], setup: Setup) -> None:
                     f"{row['error_mean']:+.0%} [{row['error_min']:+.0%},{row['error_max']:+.0%}]"
                     f" {row['live_spread']:.0%}{mark}"
                 )
-            print(f"{name:<15}" + "".join(f"{c:>24}" for c in cells))
+            print(f"{name:<15}" + "".join(f"{c:>27}" for c in cells))
         met = [r["meets_target"] for k, r in table.items() if f"|{label}|" in k]
         print(f"meets the target: {sum(met)} of {len(met)}")
 
