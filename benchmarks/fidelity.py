@@ -283,7 +283,7 @@ def print_table(table: dict[str, Any], setup: Setup) -> None:
     )
     for label in PROFILES:
         print(f"\nprofile: {label}  (sim/live − 1: mean of the repeats [min, max]; spread; ok)")
-        print(f"{'shape':<15}" + "".join(f"{f'{lat[:-2]} {st}':>24}" for lat, st in METRICS))
+        print(f"{'shape':<15}" + "".join(f"{f'{lat[:-2]} {st}':>27}" for lat, st in METRICS))
         shape_names = dict.fromkeys(key.split("|")[0] for key in table)
         for name in shape_names:
             cells = []
