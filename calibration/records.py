@@ -18,7 +18,6 @@ records do not say what the prompts contained, so nothing is shared in the prefi
 from __future__ import annotations
 
 import dataclasses
-import json
 from collections.abc import Callable
 from pathlib import Path
 
@@ -41,6 +40,7 @@ from sim.engine.latency import (
 )
 from sim.engine.profile import FitReport
 from sim.engine.request import Request
+from sim.files import DocumentError, read_document
 from sim.run import build, scenario_requests
 from sim.scenario import RooflineLatencySpec, Scenario
 from sim.workload.generate import requests_from_trace
@@ -99,12 +99,9 @@ def arrivals_unknown(path: str | Path) -> str | None:
     from live.importers import IMPORT_META_FILE
 
     folder = Path(path) if Path(path).is_dir() else Path(path).parent
-    meta_path = folder / IMPORT_META_FILE
-    if not meta_path.is_file():
-        return None
     try:
-        meta = json.loads(meta_path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        meta = read_document(folder / IMPORT_META_FILE, format="json")
+    except DocumentError:  # none (not an import), or unreadable: nothing says they are unknown
         return None
     if isinstance(meta, dict) and meta.get("arrival_known") is False:
         return (

@@ -59,14 +59,7 @@ class PromptTokens:
         chunk = self._cache.get(key)
         if chunk is None:
             # Salt 0 keeps the seeds (and so the tokens) of runs from before salts existed.
-            seed = (
-                [source_id & _MASK_64, index, self.salt]
-                if self.salt
-                else [
-                    source_id & _MASK_64,
-                    index,
-                ]
-            )
+            seed = [source_id & _MASK_64, index, *([self.salt] if self.salt else [])]
             rng = np.random.default_rng(seed)
             chunk = rng.integers(self.first_id, self.vocab_size, CHUNK_TOKENS, dtype=np.int64)
             self._cache[key] = chunk

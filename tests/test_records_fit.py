@@ -165,6 +165,7 @@ def test_records_without_send_times_are_not_fitted_as_a_burst_unless_asked(
 ) -> None:
     # A vllm bench serve file without start_times: `live import` says so and records it, and
     # `calibrate --records` refuses to fit arrivals it does not know, unless told to.
+    from tests.test_cli import servesim
     from tests.test_importers import vllm_result, write_json
 
     document = vllm_result()
@@ -172,13 +173,7 @@ def test_records_without_send_times_are_not_fitted_as_a_burst_unless_asked(
         del document[name]
     imported = tmp_path / "imported"
     source = str(write_json(tmp_path / "old.json", document))
-    result = subprocess.run(
-        [sys.executable, "-m", "servesim.cli", "live", "import", source, "--out", str(imported)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    result = servesim("live", "import", source, "--out", str(imported))
     assert result.returncode == 0, result.stderr
     assert "no start_times" in result.stderr
     assert json.loads((imported / "import.json").read_text())["arrival_known"] is False
