@@ -144,6 +144,11 @@ def shapes(capacity: float, seconds: float) -> dict[str, dict[str, Any]]:
     }
 
 
+def shape_folder(work: Path, name: str) -> Path:
+    """Where a shape's live repeats are written, and read back by the scoring."""
+    return work / name.replace(" ", "_").replace("%", "pct")
+
+
 def burst(requests: int) -> dict[str, Any]:
     return {**LENGTHS, "arrival": {"type": "poisson", "rate": 1000.0}, "num_requests": requests}
 
@@ -229,7 +234,7 @@ def live_runs(
     target = Target(server.url, server.model_name)
     for seed, (name, workload) in enumerate(shapes(setup.capacity, args.seconds).items(), 10):
         for repeat in range(args.repeats):
-            out = work / name.replace(" ", "_").replace("%", "pct") / str(repeat)
+            out = shape_folder(work, name) / str(repeat)
             started = time.monotonic()
             salted = PromptTokens(tokens.vocab_size, salt=1 + repeat)
             result = run_live(scenario(workload, setup.idle, seed), target, salted, out_dir=out)
@@ -246,7 +251,7 @@ def score(work: Path, setup: Setup, seconds: float) -> dict[str, Any]:
     """Per shape, profile and metric: sim/live − 1 over the repeats and the live spread."""
     table: dict[str, Any] = {}
     for seed, (name, workload) in enumerate(shapes(setup.capacity, seconds).items(), 10):
-        folder = work / name.replace(" ", "_").replace("%", "pct")
+        folder = shape_folder(work, name)
         runs = sorted(folder.iterdir()) if folder.is_dir() else []
         lives = [
             json.loads((d / "summary.json").read_text())
