@@ -5,10 +5,12 @@ written by ``live/tiny_model.py``) on vLLM's CPU backend, or ``--model DIR``:
 
 1. calibrate within ``--budget`` (the isolated points: prefill, decode grid, shared decode);
 2. measure the server's capacity **live** (a saturating burst: completed requests over the
-   burst's makespan), and the simulator's estimate of the same burst beside it;
+   burst's makespan), and the simulator's estimate of the same burst beside it; once for the
+   common lengths and once for the shared-prompt shape's requests, whose longer decodes the
+   server takes fewer of;
 3. refit the profile to the records of one loaded training run (Poisson at 50% of the measured
    capacity, its own seed, replayed at its send times: ``calibrate --records``);
-4. five held-out shapes sized from the measured capacity: Poisson at 30% and 90%, Gamma-bursty
+4. five held-out shapes sized from the measured capacities: Poisson at 30% and 90%, Gamma-bursty
    (CV 3) at 60%, a long shared system prompt with many sequences decoding at once, and
    multi-turn sessions; each run live ``--repeats`` times with the same requests (so the
    spread is the server's, not the workload's) and simulated with both profiles. Each repeat's
@@ -96,15 +98,25 @@ def scenario(workload: dict[str, Any], profile: Path | None, seed: int) -> Scena
     return parse_scenario(data)
 
 
-def shapes(capacity: float, seconds: float) -> dict[str, dict[str, Any]]:
-    """The held-out workloads, each about ``seconds`` long at its offered rate."""
+#: The shared-prompt shape's requests: a 768-token system prompt every request shares, then
+#: 64–256 tokens of its own. Its decodes run over ~3× the context of LENGTHS, so the server takes
+#: fewer of them per second: its rate is set from its own measured capacity.
+SHARED = {
+    "prompt_tokens": {"type": "uniform", "low": 832, "high": 1024},
+    "output_tokens": {"type": "uniform", "low": 32, "high": 96},
+    "prefix": {"type": "shared", "num_groups": 1, "prefix_tokens": 768, "share": 1.0},
+}
+
+
+def shapes(capacity: float, shared_capacity: float, seconds: float) -> dict[str, dict[str, Any]]:
+    """The held-out workloads, each about ``seconds`` long at its offered rate: ``capacity`` is
+    the measured capacity for LENGTHS, ``shared_capacity`` the one for SHARED."""
 
     def sized(rate: float, requests_per_arrival: float = 1.0) -> int:
         return int(np.clip(round(rate * requests_per_arrival * seconds), 24, 120))
 
     light, heavy, bursty = 0.3 * capacity, 0.9 * capacity, 0.6 * capacity
-    # Prefills mostly hit the cache: the server takes more of these than of LENGTHS.
-    shared_rate = 0.8 * capacity
+    shared_rate = 0.8 * shared_capacity
     sessions = 0.15 * capacity  # 3.5 turns each on average: ~50% of capacity in requests
     return {
         "poisson 30%": {
@@ -123,10 +135,8 @@ def shapes(capacity: float, seconds: float) -> dict[str, dict[str, Any]]:
             "num_requests": sized(bursty),
         },
         "shared prompt": {
+            **SHARED,
             "arrival": {"type": "poisson", "rate": shared_rate},
-            "prompt_tokens": {"type": "uniform", "low": 832, "high": 1024},
-            "output_tokens": {"type": "uniform", "low": 32, "high": 96},
-            "prefix": {"type": "shared", "num_groups": 1, "prefix_tokens": 768, "share": 1.0},
             "num_requests": sized(shared_rate),
         },
         "multi-turn": {  # shorter turns: a 5-turn conversation stays within max_model_len
@@ -149,8 +159,8 @@ def shape_folder(work: Path, name: str) -> Path:
     return work / name.replace(" ", "_").replace("%", "pct")
 
 
-def burst(requests: int) -> dict[str, Any]:
-    return {**LENGTHS, "arrival": {"type": "poisson", "rate": 1000.0}, "num_requests": requests}
+def burst(requests: int, lengths: dict[str, Any] = LENGTHS) -> dict[str, Any]:
+    return {**lengths, "arrival": {"type": "poisson", "rate": 1000.0}, "num_requests": requests}
 
 
 def completed_rate(records: Any) -> float:
@@ -167,7 +177,21 @@ class Setup:
     idle: Path
     loaded: Path
     capacity: float
+    shared_capacity: float
     info: dict[str, Any]
+
+    def shapes(self) -> dict[str, dict[str, Any]]:
+        return shapes(self.capacity, self.shared_capacity, float(self.info["seconds"]))
+
+
+def live_capacity(
+    requests: dict[str, Any], profile: Path, target: Target, tokens: PromptTokens, out: Path
+) -> tuple[float, float]:
+    """A saturating burst of ``requests``: its completed rate live, and simulated."""
+    saturating = scenario(requests, profile, seed=1)
+    measured = run_live(saturating, target, tokens, out_dir=out)
+    measured.write(out)
+    return completed_rate(measured.records), completed_rate(build(saturating).run().records)
 
 
 def calibrate(server: VLLMServer, tokens: PromptTokens, work: Path, args: Any) -> Setup:
@@ -184,11 +208,12 @@ def calibrate(server: VLLMServer, tokens: PromptTokens, work: Path, args: Any) -
     idle = fitted_profile(template, coefficients, report, engine=EngineInfo(name="vllm"))
     idle_path = idle.save(work / "profile-idle.json")
     target = Target(server.url, server.model_name)
-    saturating = scenario(burst(args.capacity_requests), idle_path, seed=1)
-    measured = run_live(saturating, target, tokens, out_dir=work / "capacity")
-    measured.write(work / "capacity")
-    capacity = completed_rate(measured.records)
-    simulated = completed_rate(build(saturating).run().records)
+    capacity, simulated = live_capacity(
+        burst(args.capacity_requests), idle_path, target, tokens, work / "capacity"
+    )
+    shared_capacity, shared_simulated = live_capacity(
+        burst(args.capacity_requests, SHARED), idle_path, target, tokens, work / "capacity-shared"
+    )
     training = scenario(
         {
             **LENGTHS,
@@ -207,11 +232,13 @@ def calibrate(server: VLLMServer, tokens: PromptTokens, work: Path, args: Any) -
         "fit_error_mean": report.relative_error_mean,
         "capacity_rps": capacity,
         "simulated_capacity_rps": simulated,
+        "shared_capacity_rps": shared_capacity,
+        "simulated_shared_capacity_rps": shared_simulated,
         "training": training.workload.model_dump(mode="json"),
         "seconds": args.seconds,
     }
     (work / "bench.json").write_text(json.dumps(info, indent=2) + "\n")
-    return Setup(idle_path, loaded_path, capacity, info)
+    return Setup(idle_path, loaded_path, capacity, shared_capacity, info)
 
 
 def refit(
@@ -232,7 +259,7 @@ def live_runs(
 ) -> None:
     """Step 4: every shape ``--repeats`` times, results under ``work/<shape>/<repeat>``."""
     target = Target(server.url, server.model_name)
-    for seed, (name, workload) in enumerate(shapes(setup.capacity, args.seconds).items(), 10):
+    for seed, (name, workload) in enumerate(setup.shapes().items(), 10):
         for repeat in range(args.repeats):
             out = shape_folder(work, name) / str(repeat)
             started = time.monotonic()
@@ -247,10 +274,10 @@ def live_runs(
             )
 
 
-def score(work: Path, setup: Setup, seconds: float) -> dict[str, Any]:
+def score(work: Path, setup: Setup) -> dict[str, Any]:
     """Per shape, profile and metric: sim/live − 1 over the repeats and the live spread."""
     table: dict[str, Any] = {}
-    for seed, (name, workload) in enumerate(shapes(setup.capacity, seconds).items(), 10):
+    for seed, (name, workload) in enumerate(setup.shapes().items(), 10):
         folder = shape_folder(work, name)
         runs = sorted(folder.iterdir()) if folder.is_dir() else []
         lives = [
@@ -286,6 +313,12 @@ def print_table(table: dict[str, Any], setup: Setup) -> None:
         f"simulated {info['simulated_capacity_rps']:.3f} req/s "
         f"({info['simulated_capacity_rps'] / info['capacity_rps'] - 1:+.1%})"
     )
+    if "shared_capacity_rps" in info:
+        live, sim = info["shared_capacity_rps"], info["simulated_shared_capacity_rps"]
+        print(
+            f"shared-prompt capacity measured live {live:.3f} req/s, simulated {sim:.3f} req/s "
+            f"({sim / live - 1:+.1%})"
+        )
     for label in PROFILES:
         print(f"\nprofile: {label}  (sim/live − 1: mean of the repeats [min, max]; spread; ok)")
         print(f"{'shape':<15}" + "".join(f"{f'{lat[:-2]} {st}':>27}" for lat, st in METRICS))
@@ -311,7 +344,9 @@ def rescored_setup(work: Path, max_simulations: int) -> Setup:
     training = scenario(info["training"], idle, seed=99)
     coefficients = load_profile(idle).coefficients
     loaded = refit(training, work, coefficients, max_simulations)
-    return Setup(idle, loaded, float(info["capacity_rps"]), info)
+    # Runs from before the shared shape had its own capacity sized it from LENGTHS'.
+    shared = info.get("shared_capacity_rps", info["capacity_rps"])
+    return Setup(idle, loaded, float(info["capacity_rps"]), float(shared), info)
 
 
 def main() -> None:
@@ -339,7 +374,7 @@ def main() -> None:
             setup = calibrate(server, tokens, work, args)
             print(f"capacity {setup.capacity:.3f} req/s; live runs:", flush=True)
             live_runs(server, tokens, work, setup, args)
-    table = score(work, setup, float(setup.info["seconds"]))
+    table = score(work, setup)
     (work / "fidelity.json").write_text(json.dumps(table, indent=2) + "\n")
     if args.json:
         print(json.dumps({"setup": setup.info, "table": table}, indent=2))
