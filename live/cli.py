@@ -151,7 +151,13 @@ def run_command(
     ] = None,
     vocab_size: Annotated[int | None, typer.Option(help="the model's vocabulary size")] = None,
     endpoint: Annotated[str, typer.Option(help="completions | chat")] = "completions",
-    max_concurrency: Annotated[int | None, typer.Option(help="cap on in-flight requests")] = None,
+    max_concurrency: Annotated[
+        int | None,
+        typer.Option(
+            help="cap on in-flight requests (a closed loop); replaces the scenario's "
+            "workload.max_concurrency"
+        ),
+    ] = None,
     warmup: Annotated[int, typer.Option(help="warm-up requests before the measured part")] = 2,
     timeout_s: Annotated[float, typer.Option(help="per-request deadline in seconds")] = 600.0,
     fmt: Annotated[str, typer.Option("--format", help="parquet | csv")] = "parquet",
@@ -187,8 +193,12 @@ def run_command(
 
     _check_run_flags(endpoint, fmt, max_concurrency)
     scenario = load_or_exit(scenario_path)
+    if max_concurrency is not None:
+        workload = scenario.workload.model_copy(update={"max_concurrency": max_concurrency})
+        scenario = scenario.model_copy(update={"workload": workload})
     options = ReplayOptions(
-        max_concurrency=max_concurrency,
+        max_concurrency=scenario.workload.max_concurrency,
+        think_time_s=scenario.workload.think_time_s,
         warmup_requests=warmup,
         timeout_s=timeout_s,
         read_timeout_s=timeout_s,

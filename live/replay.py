@@ -3,7 +3,9 @@
 Each request without a parent is sent at its workload arrival time, whatever the server is doing
 (open loop); a later turn of a session is sent its think time after the previous answer arrived,
 carrying that answer's real token ids (see :mod:`live.tokens`), exactly as the simulator releases
-it. A concurrency cap applies only if asked for.
+it. A concurrency cap applies only if asked for (``max_concurrency``: a closed loop of that many
+users, each pausing ``think_time_s`` after an answer before its slot takes the next request, as
+the simulator does); a capped request's record starts when it is sent, as in ``vllm bench``.
 
 Every request ends with a record, appended to ``records.jsonl`` as soon as it completes, so an
 interrupted run (Ctrl-C, a dead server) keeps everything that finished and writes the rest with a
@@ -72,6 +74,7 @@ class ReplayOptions:
     """Knobs of a replay (all optional)."""
 
     max_concurrency: int | None = None
+    think_time_s: float = 0.0  # a capped slot's pause after an answer
     timeout_s: float = 600.0
     # vLLM sends nothing until the first token, so under overload a short read timeout would
     # cut off queued requests (and make vLLM abort them): by default it is the whole deadline.
@@ -191,8 +194,13 @@ class _Replay:
             if self.semaphore is None:
                 result = await call()
             else:
-                async with self.semaphore:
+                await self.semaphore.acquire()
+                pause_s = 0.0  # cancelled or failed: the slot frees at once
+                try:
                     result = await call()
+                    pause_s = self.options.think_time_s  # answered: after the user's pause
+                finally:
+                    self._free_slot(pause_s)
         except asyncio.CancelledError:
             if partial:
                 result = partial[-1]
@@ -210,6 +218,13 @@ class _Replay:
             return
         self._write(_record_from(request, result, self.t0, result.send_s - self.t0))
         self._after(client, request, result)
+
+    def _free_slot(self, after_s: float) -> None:
+        assert self.semaphore is not None
+        if after_s > 0:
+            asyncio.get_running_loop().call_later(after_s, self.semaphore.release)
+        else:
+            self.semaphore.release()
 
     def _after(self, client: httpx.AsyncClient, request: Request, result: StreamResult) -> None:
         if result.output_token_ids:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -215,6 +215,13 @@ def run_live(
     requests = scenario_requests(scenario) if requests is None else requests
     if options is None:
         options = ReplayOptions(record_token_times=scenario.output.record_token_times)
+    if options.max_concurrency is None and scenario.workload.max_concurrency is not None:
+        # The scenario's closed loop, replayed as the simulator runs it.
+        options = replace(
+            options,
+            max_concurrency=scenario.workload.max_concurrency,
+            think_time_s=scenario.workload.think_time_s,
+        )
     before: list[MetricsSnapshot] = []
 
     notes: list[str] = []

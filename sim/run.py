@@ -51,6 +51,8 @@ def build(
     simulation = build_simulation(scenario, requests, slo, latency_seed, router_seed, coefficients)
     simulation.max_waiting_requests = scenario.simulator.max_waiting_requests
     simulation.max_simulated_s = scenario.simulator.max_simulated_s
+    simulation.max_concurrency = scenario.workload.max_concurrency
+    simulation.client_think_s = scenario.workload.think_time_s
     return simulation
 
 

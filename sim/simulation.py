@@ -12,6 +12,7 @@ from __future__ import annotations
 import gc
 import time
 import warnings
+from collections import deque
 from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -61,6 +62,11 @@ class Simulation:
 
     Requests without a parent arrive at their ``arrival_s``; a later turn of a session is
     released ``think_time_s`` after its parent finishes (whatever the parent's status).
+
+    With ``max_concurrency`` set (a closed loop, as ``vllm bench serve --max-concurrency``), at
+    most that many requests are in flight from the clients: one that arrives while all slots
+    are taken waits at the client, first come first served, and is sent (its record's
+    ``arrival_s``) when a slot frees, ``client_think_s`` after the answer that held it.
     """
 
     def __init__(
@@ -106,6 +112,8 @@ class Simulation:
         self.hardware = hardware
         self.max_waiting_requests = max_waiting_requests
         self.max_simulated_s = max_simulated_s
+        self.max_concurrency: int | None = None
+        self.client_think_s = 0.0
         first = (scheduler, latency_model)
 
         def engines(i: int) -> tuple[Scheduler, IterationTimeModel]:
@@ -266,10 +274,16 @@ class _Run:
             self.scaler.start()
         self.stopped = env.event()
         self.stop_reason = ""
+        # The closed loop's client slots: free ones, and the requests waiting for one.
+        self.slots = simulation.max_concurrency
+        self.held: deque[Request] = deque()
 
     # -- requests in and out -----------------------------------------------------------------
     def arrivals(self) -> Generator[simpy.Event, Any, None]:
         """Submit every root request at its arrival time (plus the front end's delay)."""
+        if self.slots is not None:
+            yield from self.gated_arrivals()
+            return
         env, fleet, frontend = self.env, self.fleet, self.frontend_s
         # The server's front end holds every request the same time before the engine sees
         # it, so shifting all arrivals keeps their order.
@@ -284,10 +298,50 @@ class _Run:
                 record.arrival_s = env.now - frontend
             fleet.submit(request, record)
 
+    def gated_arrivals(self) -> Generator[simpy.Event, Any, None]:
+        """Closed loop: every root request reaches the client at its arrival time."""
+        env = self.env
+        for request in self.roots:
+            delay = request.arrival_s - env.now
+            if delay > 0:
+                yield env.timeout(delay)
+            self.ready(request)
+
+    def ready(self, request: Request) -> None:
+        """A request the client would send now: sent if a slot is free, else held (FIFO)."""
+        assert self.slots is not None
+        if self.slots > 0:
+            self.slots -= 1
+            self.env.process(self.send(request))
+        else:
+            self.held.append(request)
+
+    def send(self, request: Request) -> Generator[simpy.Event, Any, None]:
+        """Send a request that holds a slot: it arrives now, the engine sees it after the front
+        end's delay."""
+        record = self.record_of[request.request_id]
+        record.arrival_s = self.env.now
+        if self.frontend_s:
+            yield self.env.timeout(self.frontend_s)
+        self.fleet.submit(request, record)
+
+    def free_slot(self) -> Generator[simpy.Event, Any, None]:
+        """An answer arrived: after the user's think time its slot takes the next request."""
+        assert self.slots is not None
+        if self.simulation.client_think_s:
+            yield self.env.timeout(self.simulation.client_think_s)
+        if self.held:
+            self.env.process(self.send(self.held.popleft()))
+        else:
+            self.slots += 1
+
     def release(self, request: Request) -> Generator[simpy.Event, Any, None]:
         """A later turn: it arrives a think time after its parent finished."""
         env = self.env
         yield env.timeout(request.think_time_s)
+        if self.slots is not None:
+            self.ready(request)
+            return
         record = self.record_of[request.request_id]
         record.arrival_s = env.now
         if self.frontend_s:
@@ -300,6 +354,8 @@ class _Run:
         self.num_ok += record.status == RequestStatus.OK
         if self.scaler is not None:
             self.scaler.observe(record)
+        if self.slots is not None:
+            self.env.process(self.free_slot())
         for child in self.children.get(record.request_id, ()):
             self.env.process(self.release(child))
         total = len(self.records)
@@ -365,7 +421,12 @@ class _Run:
         env.process(self.arrivals())
         env.process(self.sampling(interval_s))
         limit_s = self.simulation.max_simulated_s
-        env.process(self.deadline(limit_s or 10 * (self.last_root_s + self.frontend_s) + 3600.0))
+        if limit_s is None and self.slots is None:
+            # An overloaded open loop queues without end; a closed loop holds at most its
+            # users' requests, so only a deadline the user gave stops it.
+            limit_s = 10 * (self.last_root_s + self.frontend_s) + 3600.0
+        if limit_s is not None:
+            env.process(self.deadline(limit_s))
         # A run allocates many small objects and few cycles: collect young objects less
         # often (a few % of wall time), as before once the run is over.
         threshold = gc.get_threshold()

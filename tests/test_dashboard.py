@@ -228,6 +228,23 @@ def test_engine_and_arrival_knobs_reach_the_scenario() -> None:
     assert app.success and "Valid" in app.success[0].value
 
 
+def test_closed_loop_knobs_reach_the_scenario_and_run() -> None:
+    app = page("scenario", small())
+    app.toggle(key="rate_inf").set_value(True).run()
+    app.number_input(key="max_concurrency").set_value(16).run()
+    app.number_input(key="think_time_s").set_value(0.5).run()
+    assert not app.exception
+    workload = app.session_state[SCENARIO]["workload"]
+    assert workload["arrival"]["rate"] == float("inf")
+    assert (workload["max_concurrency"], workload["think_time_s"]) == (16, 0.5)
+    assert app.success and "Valid" in app.success[0].value
+    app.number_input(key="max_concurrency").set_value(0).run()  # back to an open loop
+    workload = app.session_state[SCENARIO]["workload"]
+    assert "max_concurrency" not in workload and "think_time_s" not in workload
+    results = page("results", app.session_state[SCENARIO])
+    assert not results.exception
+
+
 def test_values_outside_the_widgets_choices_are_kept_not_crashed() -> None:
     data = small()
     data["engine"]["tensor_parallel_size"] = 16  # valid, but not a select-box option
@@ -257,7 +274,8 @@ def test_scenario_page_widgets_keep_their_tab_and_order() -> None:
         {
             "Model & GPU": ["model", "gpu", "dtype"],
             "Workload": [
-                *("arrival_type", "rate", "p_mean", "p_p90", "o_mean", "o_p90", "num_requests")
+                *("arrival_type", "rate_inf", "rate", "max_concurrency"),
+                *("p_mean", "p_p90", "o_mean", "o_p90", "num_requests"),
             ],
             "Engine": [
                 *("seqs", "tp", "pp", "batched_tokens", "max_model_len", "block", "gmu"),

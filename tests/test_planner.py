@@ -99,6 +99,13 @@ def test_breaking_load_grows_with_the_fleet() -> None:
     assert three > 2 * one
 
 
+def test_breaking_load_refuses_an_infinite_rate() -> None:
+    data = traffic()
+    data["workload"]["arrival"]["rate"] = float("inf")
+    with pytest.raises(ValueError, match=r"workload\.arrival\.rate: an infinite rate"):
+        breaking_load(data, Candidate("h100-sxm", 1, "bf16", 1), steps=2)
+
+
 def test_disaggregated_splits_are_candidates_too() -> None:
     candidates = grid(["h100-sxm"], [1], ["bf16"], [1, 3], disaggregated=True)
     labels = [c.label for c in candidates]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import math
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -116,8 +117,42 @@ def _arrival(workload: dict[str, Any]) -> None:
     elif arrival:
         st.caption(f"Arrivals: {arrival.get('type')} (edit in YAML)")
     if "rate" in arrival:
-        rate = _number("Arrival rate (req/s)", 0.01, 10_000.0, arrival["rate"], "rate")
+        at_once = st.toggle(
+            "All requests at once (rate ∞)",
+            arrival["rate"] == math.inf,
+            key="rate_inf",
+            help="vllm bench serve --request-rate inf; with concurrent users, a closed loop",
+        )
+        if at_once:
+            rate = math.inf
+        else:
+            old_rate = 1.0 if arrival["rate"] == math.inf else arrival["rate"]
+            rate = _number("Arrival rate (req/s)", 0.01, 10_000.0, old_rate, "rate")
         workload["arrival"] = {**arrival, "rate": rate}
+    _closed_loop(workload)
+
+
+def _closed_loop(workload: dict[str, Any]) -> None:
+    """Concurrent users (``max_concurrency``; 0 is an open loop) and their think time."""
+    users = _number(
+        "Concurrent users (0: open loop)",
+        0,
+        1_000_000,
+        workload.get("max_concurrency") or 0,
+        "max_concurrency",
+    )
+    if users:
+        workload["max_concurrency"] = users
+        workload["think_time_s"] = _number(
+            "Think time between a user's requests (s)",
+            0.0,
+            3600.0,
+            float(workload.get("think_time_s", 0.0)),
+            "think_time_s",
+        )
+    else:
+        workload.pop("max_concurrency", None)
+        workload.pop("think_time_s", None)
 
 
 def _engine(data: dict[str, Any]) -> None:

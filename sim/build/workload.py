@@ -3,14 +3,19 @@ and prefix structure it names, or the trace it replays."""
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from sim.build.seeds import scenario_seeds
 from sim.engine.request import Request
 from sim.scenario import (
     ArrivalSpec,
+    ConstantArrivalSpec,
+    GammaArrivalSpec,
     LengthSpec,
     MultiTurnSpec,
+    PoissonArrivalSpec,
     Scenario,
     SharedPrefixSpec,
     WorkloadSpec,
@@ -30,6 +35,9 @@ from sim.workload.traces import TraceFormatError, read_trace
 
 def make_arrivals(spec: ArrivalSpec) -> arr.ArrivalProcess:
     """The arrival process a scenario's ``workload.arrival`` describes."""
+    renewal = PoissonArrivalSpec | GammaArrivalSpec | ConstantArrivalSpec
+    if isinstance(spec, renewal) and math.isinf(spec.rate):
+        return arr.AtOnce()
     match spec.type:
         case "poisson":
             return arr.Poisson(rate=spec.rate)

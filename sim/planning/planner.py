@@ -177,6 +177,11 @@ def breaking_load(
     arrival = data["workload"].get("arrival", {})
     if "rate" not in arrival:
         raise ValueError("workload.arrival: breaking load needs an arrival with a rate")
+    if math.isinf(float(arrival["rate"])):
+        raise ValueError(
+            "workload.arrival.rate: an infinite rate has no multiple to search; breaking load "
+            "needs a finite rate (or search workload.max_concurrency in a sweep)"
+        )
 
     def meets(scale: float) -> bool:
         scaled = copy.deepcopy(data)

@@ -3,6 +3,7 @@ to replay; and how many requests (or how long) to generate."""
 
 from __future__ import annotations
 
+import math
 from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
@@ -12,13 +13,17 @@ from sim.workload.arrivals import PiecewiseRate
 from sim.workload.generate import MAX_REQUESTS
 from sim.workload.lengths import LogNormalLength
 
-
 # -- arrivals -------------------------------------------------------------------------------
+#: Requests per second of a renewal process; ``inf`` (YAML ``.inf`` or ``inf``) sends every
+#: request at t = 0, as ``vllm bench serve --request-rate inf`` does.
+Rate = Annotated[float, Field(gt=0, allow_inf_nan=True)]
+
+
 class PoissonArrivalSpec(Spec):
     """Poisson arrivals at ``rate`` requests per second (exact exponential gaps)."""
 
     type: Literal["poisson"]
-    rate: PositiveFloat
+    rate: Rate
 
 
 class GammaArrivalSpec(Spec):
@@ -29,7 +34,7 @@ class GammaArrivalSpec(Spec):
     """
 
     type: Literal["gamma"]
-    rate: PositiveFloat
+    rate: Rate
     cv: Annotated[float, Field(ge=0.01, le=100)]
 
     @model_validator(mode="before")
@@ -55,7 +60,7 @@ class ConstantArrivalSpec(Spec):
     """Evenly spaced arrivals."""
 
     type: Literal["constant"]
-    rate: PositiveFloat
+    rate: Rate
 
 
 class OnOffArrivalSpec(Spec):
@@ -218,6 +223,22 @@ class WorkloadSpec(Spec):
     trace: TraceSpec | None = None
     num_requests: Annotated[int, Field(ge=1, le=MAX_REQUESTS)] | None = None
     duration_s: PositiveFloat | None = None
+    # Closed loop: at most this many requests in flight from the clients (vllm bench serve
+    # --max-concurrency, GuideLLM's concurrent profile). A request waits at the client, from
+    # its arrival until a slot frees, and its TTFT counts from when it is sent.
+    max_concurrency: PositiveInt | None = None
+    # A closed-loop user's pause after an answer before its slot takes the next request.
+    think_time_s: Annotated[float, Field(ge=0)] = 0.0
+
+    @model_validator(mode="after")
+    def _closed_loop(self) -> WorkloadSpec:
+        if self.think_time_s > 0 and self.max_concurrency is None:
+            raise ValueError(
+                "think_time_s: a closed-loop user's pause between requests needs "
+                "max_concurrency (the number of users); for the pause between a session's "
+                "turns use prefix.think_time_s"
+            )
+        return self
 
     @model_validator(mode="after")
     def _complete(self) -> WorkloadSpec:
@@ -245,6 +266,11 @@ class WorkloadSpec(Spec):
                 raise ValueError("give num_requests or duration_s (or both: whichever ends first)")
             if self.num_requests is None and self.arrival is not None:
                 assert self.duration_s is not None
+                if math.isinf(_peak_rate(self.arrival)):
+                    raise ValueError(
+                        "arrival.rate: inf sends every request at t = 0, so duration_s cannot "
+                        "bound their number; give num_requests"
+                    )
                 bound = _peak_rate(self.arrival) * self.duration_s
                 if bound > MAX_REQUESTS:
                     raise ValueError(

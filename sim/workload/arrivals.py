@@ -35,6 +35,7 @@ from sim.workload.varying_arrivals import Diurnal, OnOff, PiecewiseRate
 
 __all__ = [
     "ArrivalProcess",
+    "AtOnce",
     "Constant",
     "Diurnal",
     "GammaArrivals",
@@ -181,6 +182,34 @@ class Constant:
         if duration_s is not None:
             times = times[times < duration_s]
         return times
+
+
+@dataclass(frozen=True)
+class AtOnce:
+    """Every request at t = 0: an infinite rate (``vllm bench serve --request-rate inf``).
+
+    Alone it is a burst; with a concurrency cap (``workload.max_concurrency``) it is a closed
+    loop of that many users. ``num_requests`` is required: a duration bounds nothing here. The
+    generator is accepted for interface compatibility and never used.
+    """
+
+    @property
+    def mean_rate(self) -> float:
+        """Arrivals per second: infinite."""
+        return math.inf
+
+    def times(
+        self,
+        rng: np.random.Generator,
+        *,
+        num_requests: int | None = None,
+        duration_s: float | None = None,
+    ) -> FloatArray:
+        """``num_requests`` zeros."""
+        check_limits(num_requests, duration_s)
+        if num_requests is None:
+            raise ValueError("num_requests: an infinite rate needs a number of requests")
+        return np.zeros(num_requests, dtype=np.float64)
 
 
 # ---------------------------------------------------------------------------------------------

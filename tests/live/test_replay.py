@@ -23,7 +23,7 @@ from live.replay import ReplayOptions, Target, replay
 from live.run import run_live
 from live.tokens import PromptTokens
 from sim.engine.request import Request, block_keys
-from sim.run import scenario_requests
+from sim.run import build, scenario_requests
 from sim.scenario import parse_scenario
 from tests.live.conftest import LIVE_ENGINE
 
@@ -143,6 +143,30 @@ def test_multi_turn_sessions_send_the_real_answers_back(
         assert records.loc[request.request_id, "arrival_s"] >= parent["finish_s"]
     # Later turns hit the blocks of earlier turns, including the server's own answers.
     assert result.summary["prefix_cache"]["hit_rate"] > 0.4
+
+
+def test_a_closed_loop_keeps_its_users_in_flight_and_pauses_between_requests(
+    vllm_server: Any, tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    data = live_scenario(
+        num_requests=16,
+        arrival={"type": "poisson", "rate": "inf"},
+        max_concurrency=2,
+        think_time_s=0.3,
+    )
+    scenario = parse_scenario(data)
+    target = Target(vllm_server.url, vllm_server.model_name)
+    tokens = PromptTokens(vocab(tiny_model_dir), salt=11)
+    records = run_live(scenario, target, tokens, out_dir=tmp_path).records
+    assert (records["status"] == "ok").all(), records["error"].unique()
+    sends = np.sort(records["arrival_s"].to_numpy())
+    answers = np.sort(records["finish_s"].to_numpy())
+    # The k-th send after the first two waits for the (k-2)-th answer and its user's pause.
+    assert (sends[2:] >= answers[:-2] + 0.3 - 0.01).all()
+    in_flight = [int(((sends <= t) & (answers > t)).sum()) for t in sends]
+    assert max(in_flight) <= 2
+    simulated = build(scenario).run().records
+    assert (simulated["status"] == "ok").all() and len(simulated) == len(records)
 
 
 def test_a_server_killed_mid_run_costs_no_record(
