@@ -77,6 +77,7 @@ def _record_from_row(row: object) -> Record:
             replica_id=int(row["replica_id"]),
             status=RequestStatus(row["status"]),
             error=str(row["error"]),
+            priority=int(row.get("priority", 0)),  # absent from files written before it was
             token_times_s=[float(t) for t in row.get("token_times_s", ())],
         )
     except KeyError as exc:

@@ -108,6 +108,7 @@ def _record_from(request: Request, result: StreamResult, t0: float, arrival_s: f
     length only for requests never sent).
     """
     record = Record(request.request_id, arrival_s, request.prompt_tokens, request.output_tokens)
+    record.priority = request.priority
     if result.token_times_s:
         record.first_token_s = result.token_times_s[0] - t0
     record.finish_s = result.finish_s - t0 if math.isfinite(result.finish_s) else math.nan
@@ -208,7 +209,11 @@ class _Replay:
             raise
         except Exception as exc:  # a bug or a full disk must not hang the run: record it
             record = Record(
-                request.request_id, math.nan, request.prompt_tokens, request.output_tokens
+                request.request_id,
+                math.nan,
+                request.prompt_tokens,
+                request.output_tokens,
+                priority=request.priority,
             )
             record.status = RequestStatus.ERROR
             record.error = f"unexpected {type(exc).__name__}: {exc}"
@@ -336,6 +341,7 @@ class _Replay:
                     request.arrival_s,
                     request.prompt_tokens,
                     request.output_tokens,
+                    priority=request.priority,
                 )
                 record.status = RequestStatus.CANCELLED
                 record.error = f"not sent: {reason}"

@@ -47,6 +47,11 @@ def build(
     workload_seed, latency_seed, router_seed = scenario_seeds(scenario)
     if requests is None:
         requests = build_requests(scenario.workload, workload_seed)
+        if scenario.engine.scheduling_policy != "priority" and any(r.priority for r in requests):
+            raise ValueError(
+                "engine.scheduling_policy: the trace sets request priorities; set it to "
+                "priority (vLLM refuses a priority under fcfs)"
+            )
     slo = SLO(scenario.slo.ttft_s, scenario.slo.tpot_s, scenario.slo.percentile)
     simulation = build_simulation(scenario, requests, slo, latency_seed, router_seed, coefficients)
     simulation.max_waiting_requests = scenario.simulator.max_waiting_requests

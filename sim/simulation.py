@@ -257,7 +257,8 @@ class _Run:
         self.env = env = simpy.Environment()
         requests = simulation.requests
         self.records = [
-            Record(r.request_id, r.arrival_s, r.prompt_tokens, r.output_tokens) for r in requests
+            Record(r.request_id, r.arrival_s, r.prompt_tokens, r.output_tokens, priority=r.priority)
+            for r in requests
         ]
         self.record_of = {r.request_id: rec for r, rec in zip(requests, self.records, strict=True)}
         self.children = later_turns(requests)

@@ -29,6 +29,7 @@ from sim.workload.generate import (
     content_salt,
     generate_requests,
     requests_from_trace,
+    with_priorities,
 )
 from sim.workload.traces import TraceFormatError, read_trace
 
@@ -99,6 +100,23 @@ def make_prefix(workload: WorkloadSpec) -> PrefixStructure:
 
 def build_requests(workload: WorkloadSpec, seed_sequence: np.random.SeedSequence) -> list[Request]:
     """The scenario's requests, sorted by arrival. Same seed → same requests."""
+    requests = _unprioritised_requests(workload, seed_sequence)
+    if workload.priority is None:
+        return requests
+    classes = workload.priority.classes
+    if any(r.priority for r in requests):
+        raise ValueError(
+            "workload.priority: the trace carries its own priorities; remove workload.priority "
+            "or the trace's priority column"
+        )
+    priorities = tuple(c.priority for c in classes)
+    shares = tuple(c.share for c in classes)
+    return with_priorities(requests, priorities, shares, seed_sequence)
+
+
+def _unprioritised_requests(
+    workload: WorkloadSpec, seed_sequence: np.random.SeedSequence
+) -> list[Request]:
     if workload.trace is not None:
         path = workload.trace.path
         try:

@@ -147,6 +147,7 @@ RECORD_COLUMNS: tuple[str, ...] = (
     "cached_tokens",
     "num_preemptions",
     "replica_id",
+    "priority",
     "status",
     "error",
     "ttft_s",
@@ -203,6 +204,7 @@ class Record:
     num_preemptions: int = 0
     replica_id: int = -1
     status: RequestStatus | None = None
+    priority: int = 0  # the request's (lower is served first under the priority policy)
     error: str = ""
     token_times_s: list[float] = field(default_factory=list)
 
@@ -223,6 +225,7 @@ class Record:
             "cached_tokens": self.cached_tokens,
             "num_preemptions": self.num_preemptions,
             "replica_id": self.replica_id,
+            "priority": self.priority,
             "status": str(self.status),
             "error": self.error,
             "ttft_s": metrics.ttft_s,

@@ -80,6 +80,7 @@ def records_frame(records: Iterable[Record]) -> pd.DataFrame:
             "cached_tokens": column("cached_tokens", np.int64),
             "num_preemptions": column("num_preemptions", np.int64),
             "replica_id": column("replica_id", np.int64),
+            "priority": column("priority", np.int64),
             "status": [str(r.status) for r in records],
             "error": [r.error for r in records],
             "ttft_s": first - arrival,
@@ -197,7 +198,7 @@ def summarize(
     ttft_pct = _percentile_all(frame["ttft_s"].to_numpy(dtype=np.float64), is_ok, slo.percentile)
     tpot_pct = _percentile_all(frame["tpot_s"].to_numpy(dtype=np.float64), is_ok, slo.percentile)
     counts = frame["status"].value_counts()
-    return {
+    summary = {
         "ttft_s": distribution(ok["ttft_s"].to_numpy()),
         "tpot_s": distribution(ok["tpot_s"].to_numpy()),
         "itl_s": distribution(itl_s, itl_counts),
@@ -238,6 +239,30 @@ def summarize(
         },
         "sim": {"wall_s": wall_s, "simulated_s": simulated_s, "events": num_events},
     }
+    by_priority = priority_classes(frame, slo)
+    if by_priority:
+        summary["by_priority"] = by_priority
+    return summary
+
+
+def priority_classes(frame: pd.DataFrame, slo: SLO) -> dict[str, Any]:
+    """Per request priority (when there is more than one): how many, their latencies and SLO
+    attainment, keyed by the priority as a string (lower is served first)."""
+    if "priority" not in frame or frame["priority"].nunique() < 2:
+        return {}
+    classes: dict[str, Any] = {}
+    for priority, rows in frame.groupby("priority", sort=True):
+        ok = rows[rows["status"] == RequestStatus.OK.value]
+        met = slo_met(rows, slo)
+        classes[str(priority)] = {
+            "requests": len(rows),
+            "ok": len(ok),
+            "ttft_s": distribution(ok["ttft_s"].to_numpy()),
+            "tpot_s": distribution(ok["tpot_s"].to_numpy()),
+            "e2e_s": distribution(ok["e2e_s"].to_numpy()),
+            "slo_attainment": float(met.mean()) if len(met) else None,
+        }
+    return classes
 
 
 def _percentile_all(values: np.ndarray, is_ok: np.ndarray, percentile: float) -> float:

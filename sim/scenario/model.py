@@ -57,6 +57,15 @@ class Scenario(Spec):
             data = {**data, "latency": {"type": "profile", "path": latency["profile"]}}
         return data
 
+    @model_validator(mode="after")
+    def _priorities_need_the_policy(self) -> Scenario:
+        if self.workload.priority is not None and self.engine.scheduling_policy != "priority":
+            raise ValueError(
+                "workload.priority: request priorities need engine.scheduling_policy: priority "
+                "(vLLM refuses a priority under fcfs)"
+            )
+        return self
+
     def resolve_model(self) -> ModelArch:
         """The model architecture (catalogue, local config.json, or custom dimensions)."""
         if isinstance(self.model, str):

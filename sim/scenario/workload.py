@@ -205,6 +205,29 @@ class MultiTurnSpec(Spec):
 PrefixSpec = Annotated[NoPrefixSpec | SharedPrefixSpec | MultiTurnSpec, Field(discriminator="type")]
 
 
+class PriorityClassSpec(Spec):
+    """One class of requests: vLLM's ``priority`` (lower is served first) and its share."""
+
+    priority: int
+    share: Annotated[float, Field(gt=0, le=1)]
+
+
+class PrioritySpec(Spec):
+    """Request priorities drawn per request (per session for multi-turn), by class share."""
+
+    classes: Annotated[list[PriorityClassSpec], Field(min_length=1)]
+
+    @model_validator(mode="after")
+    def _a_distribution(self) -> PrioritySpec:
+        total = sum(c.share for c in self.classes)
+        if abs(total - 1.0) > 1e-6:
+            raise ValueError(f"classes: the shares must sum to 1, got {total:g}")
+        priorities = [c.priority for c in self.classes]
+        if len(set(priorities)) != len(priorities):
+            raise ValueError(f"classes: each priority once, got {priorities}")
+        return self
+
+
 class TraceSpec(Spec):
     """Replay a trace file: its arrivals (scaled by ``time_scale``), lengths and prefixes."""
 
@@ -229,6 +252,9 @@ class WorkloadSpec(Spec):
     max_concurrency: PositiveInt | None = None
     # A closed-loop user's pause after an answer before its slot takes the next request.
     think_time_s: Annotated[float, Field(ge=0)] = 0.0
+    # Request priorities by class (engine.scheduling_policy: priority); a trace may carry its
+    # own in a ``priority`` column instead.
+    priority: PrioritySpec | None = None
 
     @model_validator(mode="after")
     def _closed_loop(self) -> WorkloadSpec:

@@ -17,6 +17,7 @@ Requests too long for the engine are kept: the replica rejects them with a statu
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -270,6 +271,36 @@ def _session_requests(drafts: list[_TurnDraft], *, has_system_prompt: bool) -> l
     return requests
 
 
+#: The child of a workload's seed sequence that draws priority classes: far past the children
+#: :func:`generate_requests` spawns, so adding priorities leaves every other draw as it was.
+PRIORITY_STREAM = 1 << 20
+
+
+def with_priorities(
+    requests: list[Request],
+    priorities: tuple[int, ...],
+    shares: tuple[float, ...],
+    seed_sequence: np.random.SeedSequence,
+) -> list[Request]:
+    """Each request's priority drawn from ``priorities`` with probabilities ``shares``; a later
+    turn of a session keeps its first turn's (one user, one class)."""
+    stream = np.random.SeedSequence(
+        seed_sequence.entropy, spawn_key=(*seed_sequence.spawn_key, PRIORITY_STREAM)
+    )
+    rng = np.random.default_rng(stream)
+    p = np.asarray(shares, dtype=np.float64)
+    drawn = rng.choice(np.asarray(priorities, dtype=np.int64), size=len(requests), p=p / p.sum())
+    own = {r.request_id: int(p) for r, p in zip(requests, drawn, strict=True)}
+    parent = {r.request_id: r.parent_id for r in requests}
+
+    def root(request_id: int) -> int:
+        while parent.get(request_id, -1) >= 0:
+            request_id = parent[request_id]
+        return request_id
+
+    return [dataclasses.replace(r, priority=own[root(r.request_id)]) for r in requests]
+
+
 def requests_from_trace(
     trace: Trace,
     *,
@@ -292,6 +323,7 @@ def requests_from_trace(
         else:
             segments = ((_unique(salt, i, 0), prompt),)
         session = int(trace.session_ids[i]) if trace.session_ids is not None else -1
+        priority = int(trace.priorities[i]) if trace.priorities is not None else 0
         requests.append(
             Request(
                 request_id=i,
@@ -301,6 +333,7 @@ def requests_from_trace(
                 segments=tuple(segments),
                 output_source_id=_unique(salt, i, 1),
                 session_id=session,
+                priority=priority,
             )
         )
     return requests

@@ -23,6 +23,7 @@ from sim.workload.trace_text import (
 from sim.workload.trace_values import (
     parse_count,
     parse_int_list,
+    parse_priority,
     parse_session_id,
     parse_time,
     parse_timestamp_ns,
@@ -63,11 +64,13 @@ class TraceColumns:
     has_arrival: bool
     has_segments: bool = False
     has_sessions: bool = False
+    has_priorities: bool = False
     arrival_s: array[float] | None = field(init=False)
     prompt_tokens: array[int] = field(init=False, default_factory=lambda: array("q"))
     output_tokens: array[int] = field(init=False, default_factory=lambda: array("q"))
     segments: list[tuple[Segment, ...]] | None = field(init=False)
     session_ids: array[int] | None = field(init=False)
+    priorities: array[int] | None = field(init=False)
     any_session: bool = field(init=False, default=False)
     num_adjusted_block_rows: int = field(init=False, default=0)
     first_adjusted_line: int = field(init=False, default=0)
@@ -76,6 +79,7 @@ class TraceColumns:
         self.arrival_s = array("d") if self.has_arrival else None
         self.segments = [] if self.has_segments else None
         self.session_ids = array("q") if self.has_sessions else None
+        self.priorities = array("q") if self.has_priorities else None
 
     def __len__(self) -> int:
         return len(self.prompt_tokens)
@@ -99,6 +103,11 @@ class TraceColumns:
         assert self.session_ids is not None
         self.session_ids.append(session_id)
         self.any_session = self.any_session or session_id != -1
+
+    def add_priority(self, priority: int) -> None:
+        """Append one request's priority (vLLM's: lower is served first)."""
+        assert self.priorities is not None
+        self.priorities.append(priority)
 
     def add_segments(self, segments: tuple[Segment, ...]) -> None:
         """Append one request's prompt segments, their lengths summing to its prompt length."""
@@ -182,12 +191,21 @@ def _read_servesim_csv(
     source: TraceSource, lines: Iterator[tuple[int, str]], max_requests: int | None
 ) -> TraceColumns:
     records = csv_records(
-        source, lines, REQUIRED_FIELDS["servesim_csv"], ("arrival_s", "session_id")
+        source, lines, REQUIRED_FIELDS["servesim_csv"], ("arrival_s", "session_id", "priority")
     )
     columns: TraceColumns | None = None
     for line, row in records:
         if columns is None:
-            columns = TraceColumns(has_arrival="arrival_s" in row, has_sessions="session_id" in row)
+            columns = TraceColumns(
+                has_arrival="arrival_s" in row,
+                has_sessions="session_id" in row,
+                has_priorities="priority" in row,
+            )
+        if columns.priorities is not None:
+            cell = row["priority"]
+            columns.add_priority(
+                0 if not cell.strip() else parse_priority(source, line, "priority", cell)
+            )
         if columns.arrival_s is not None:
             columns.add_arrival(parse_time(source, line, "arrival_s", row["arrival_s"]))
         if columns.session_ids is not None:
@@ -287,6 +305,7 @@ def _read_servesim_jsonl(
                 has_arrival="arrival_s" in record,
                 has_segments=block_key in record,
                 has_sessions=True,
+                has_priorities=True,
             )
         _check_all_or_none(
             source, line, record, "arrival_s", columns.arrival_s is not None, first_line
@@ -309,6 +328,10 @@ def _read_servesim_jsonl(
         columns.add_session(
             -1 if session is None else parse_session_id(source, line, "session_id", session)
         )
+        priority = record.get("priority")
+        columns.add_priority(
+            0 if priority is None else parse_priority(source, line, "priority", priority)
+        )
         if columns.segments is not None:
             block_tokens = parse_count(
                 source, line, "block_tokens", record.get("block_tokens", DEFAULT_BLOCK_TOKENS)
@@ -321,6 +344,8 @@ def _read_servesim_jsonl(
         return TraceColumns(has_arrival=False)
     if columns.session_ids is not None and not columns.any_session:
         columns.session_ids = None
+    if columns.priorities is not None and not any(columns.priorities):
+        columns.priorities = None
     return columns
 
 

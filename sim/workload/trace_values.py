@@ -60,6 +60,11 @@ def parse_session_id(source: TraceSource, line: int, column: str, value: object)
     return _integer(source, line, column, value, -1, "an integer >= -1 (-1 = unknown)")
 
 
+def parse_priority(source: TraceSource, line: int, column: str, value: object) -> int:
+    """A vLLM request priority: any integer in int64 (lower is served first)."""
+    return _integer(source, line, column, value, -_INT64_MAX, "an integer (lower is served first)")
+
+
 def parse_time(source: TraceSource, line: int, column: str, value: object) -> int | float:
     """A finite number; ints stay ints so that differences of large timestamps are exact."""
     number: int | float | None = None

@@ -145,6 +145,7 @@ class Trace:
     output_tokens: npt.NDArray[np.int64]
     segments: list[tuple[Segment, ...]] | None
     session_ids: npt.NDArray[np.int64] | None
+    priorities: npt.NDArray[np.int64] | None = None  # None: the file has no priority column
 
     def __post_init__(self) -> None:
         num_requests = len(self.prompt_tokens)
@@ -152,6 +153,7 @@ class Trace:
         assert self.arrival_s is None or len(self.arrival_s) == num_requests
         assert self.segments is None or len(self.segments) == num_requests
         assert self.session_ids is None or len(self.session_ids) == num_requests
+        assert self.priorities is None or len(self.priorities) == num_requests
 
     def __len__(self) -> int:
         return len(self.prompt_tokens)
@@ -242,6 +244,9 @@ def _finish(source: TraceSource, trace_format: str, columns: TraceColumns) -> Tr
     session_ids = (
         None if columns.session_ids is None else np.frombuffer(columns.session_ids, dtype=np.int64)
     )
+    priorities = (
+        None if columns.priorities is None else np.frombuffer(columns.priorities, dtype=np.int64)
+    )
     segments = columns.segments
     arrival_s: npt.NDArray[np.float64] | None = None
     if columns.num_adjusted_block_rows:
@@ -262,6 +267,7 @@ def _finish(source: TraceSource, trace_format: str, columns: TraceColumns) -> Tr
             prompt_tokens = prompt_tokens[order]
             output_tokens = output_tokens[order]
             session_ids = None if session_ids is None else session_ids[order]
+            priorities = None if priorities is None else priorities[order]
             segments = None if segments is None else [segments[i] for i in order]
             warnings.warn(
                 f"{source.name}: {num_out_of_order} request(s) arrive earlier than the request "
@@ -279,7 +285,7 @@ def _finish(source: TraceSource, trace_format: str, columns: TraceColumns) -> Tr
                 f"the arrival times span more than {np.finfo(np.float64).max:.3g} seconds (the "
                 "largest float); check the unit of the arrival column",
             )
-    for values in (arrival_s, prompt_tokens, output_tokens, session_ids):
+    for values in (arrival_s, prompt_tokens, output_tokens, session_ids, priorities):
         if values is not None:
             values.flags.writeable = False
     return Trace(
@@ -290,4 +296,5 @@ def _finish(source: TraceSource, trace_format: str, columns: TraceColumns) -> Tr
         output_tokens=output_tokens,
         segments=segments,
         session_ids=session_ids,
+        priorities=priorities,
     )
