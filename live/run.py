@@ -265,7 +265,7 @@ def run_live(
             capacity = kv_capacity_tokens(after)
         except ValueError as exc:  # counters went down: the server restarted mid-run
             notes.append(f"server metrics unusable: {exc}")
-    slo = SLO(scenario.slo.ttft_s, scenario.slo.tpot_s, scenario.slo.percentile)
+    slo = scenario.slo.target()
     summary = summarize_live(result, slo, delta, capacity)
     summary["live"].update(
         url=target.base_url,

@@ -68,6 +68,11 @@ def _print_summary(scenario: Scenario, summary: dict[str, Any]) -> None:
         f"SLO TPOT {pct} ≤ {milliseconds(slo['tpot_target_s'])} ms",
         f"{milliseconds(slo['tpot_at_percentile_s'])} ms",
     )
+    if slo.get("e2e_target_s") is not None:
+        facts.add_row(
+            f"SLO E2E {pct} ≤ {milliseconds(slo['e2e_target_s'])} ms",
+            f"{milliseconds(slo['e2e_at_percentile_s'])} ms",
+        )
     facts.add_row("SLO met", "yes" if slo["met"] else "[bold red]no[/]")
     attainment = summary["goodput"]["slo_attainment"]
     facts.add_row("SLO attainment", "—" if attainment is None else f"{attainment:.1%}")

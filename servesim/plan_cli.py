@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 from typing import Annotated, Any
@@ -70,6 +71,49 @@ def sweep(
     stdout.print(view)
 
 
+def _planned_scenario(
+    scenario: Any,
+    ttft_ms: float | None,
+    tpot_ms: float | None,
+    e2e_ms: float | None,
+    percentile: float | None,
+    rate: float | None,
+) -> Any:
+    """The scenario with the SLOs and rate given on the command line; exit 2 naming the flag
+    when one is out of range or the arrival process has no rate."""
+    from sim.scenario import ScenarioError, parse_scenario
+
+    data = scenario.model_dump(mode="json", exclude_none=True)
+    slo = data.setdefault("slo", {})
+    for flag, value, key in (
+        ("--ttft-ms", ttft_ms, "ttft_s"),
+        ("--tpot-ms", tpot_ms, "tpot_s"),
+        ("--e2e-ms", e2e_ms, "e2e_s"),
+    ):
+        if value is not None:
+            if not value > 0:
+                fail(f"{flag}: must be > 0 milliseconds, got {value:g}")
+            slo[key] = value / 1e3
+    if percentile is not None:
+        if not 0 < percentile <= 100:
+            fail(f"--percentile: must be in (0, 100], got {percentile:g}")
+        slo["percentile"] = percentile
+    if rate is not None:
+        arrival = data["workload"].get("arrival") or {}
+        if "rate" not in arrival:
+            fail(
+                f"--rate: the scenario's arrivals ({arrival.get('type', 'a trace')}) have no "
+                "single rate; edit workload.arrival, or use a trace's time_scale"
+            )
+        if not rate > 0:
+            fail(f"--rate: must be > 0 requests/s, got {rate:g}")
+        arrival["rate"] = rate
+    try:
+        return parse_scenario(data, "scenario with the command line's SLOs and rate")
+    except ScenarioError as exc:
+        fail("; ".join(exc.problems))
+
+
 def _metric_columns(frame: Any) -> set[str]:
     from sim.planning.sweep import METRICS
 
@@ -96,11 +140,33 @@ def plan(
         bool, typer.Option(help="bisect on load for the Pareto candidates")
     ] = False,
     workers: Annotated[int, typer.Option(min=1)] = 2,
+    ttft_ms: Annotated[float | None, typer.Option(help="TTFT target (replaces slo.ttft_s)")] = None,
+    tpot_ms: Annotated[float | None, typer.Option(help="TPOT target (replaces slo.tpot_s)")] = None,
+    e2e_ms: Annotated[float | None, typer.Option(help="E2E target (replaces slo.e2e_s)")] = None,
+    percentile: Annotated[
+        float | None, typer.Option(help="the SLOs' percentile (replaces slo.percentile)")
+    ] = None,
+    rate: Annotated[
+        float | None, typer.Option(help="requests/s (replaces workload.arrival.rate)")
+    ] = None,
+    json_out: Annotated[
+        bool, typer.Option("--json", help="print the plan as JSON instead of tables")
+    ] = False,
+    out: Annotated[
+        Path | None,
+        typer.Option("--out", help="directory for plan.json and candidates.csv"),
+    ] = None,
 ) -> None:
-    """The cheapest GPU × TP × weights × replicas meeting the scenario's SLOs at its load."""
+    """The cheapest GPU × TP × weights × replicas meeting the scenario's SLOs at its load.
+
+    A scenario with autoscaling keeps its HPA: each co-located candidate's replica count is the
+    HPA's max_replicas, and its cost is what the HPA ran.
+    """
     from sim.planning import planner
 
-    scenario = load_or_exit(scenario_path)
+    scenario = _planned_scenario(
+        load_or_exit(scenario_path), ttft_ms, tpot_ms, e2e_ms, percentile, rate
+    )
     data = scenario.model_dump(mode="json", exclude_none=True)
     try:
         candidates = planner.grid(
@@ -119,6 +185,15 @@ def plan(
     if breaking_load:
         for evaluation in front:
             breaks[evaluation.candidate.label] = planner.breaking_load(data, evaluation.candidate)
+    best = planner.cheapest(evaluations)
+    document = planner.plan_document(scenario.name, data, evaluations, front, breaks, best)
+    if out is not None:
+        planner.write_plan(document, out)
+    if json_out:
+        print(json.dumps(document, indent=2, allow_nan=False))
+        if best is None:
+            raise typer.Exit(code=1)
+        return
     pct = f"p{scenario.slo.percentile:g}"
     view = Table(title=f"{len(candidates)} candidates for {scenario.name}", title_justify="left")
     for column in (
@@ -127,6 +202,7 @@ def plan(
         "USD/hour",
         f"TTFT {pct} ms",
         f"TPOT {pct} ms",
+        f"E2E {pct} ms",
         "note",
     ):
         view.add_column(column, justify="right")
@@ -136,9 +212,9 @@ def plan(
     )
     on_front = {e.candidate for e in front}
     for e in ordered:
-        note = "cannot run" if not e.feasible else ""
+        note = "cannot run" if not e.feasible else ("HPA" if e.autoscaled else "")
         if e.candidate in on_front:
-            note = "Pareto" + (
+            note = ", ".join(filter(None, [note, "Pareto"])) + (
                 f", breaks above {breaks[e.candidate.label]:.2g}× load"
                 if breaks.get(e.candidate.label)
                 else ""
@@ -149,13 +225,15 @@ def plan(
             "—" if e.usd_per_hour is None else f"{e.usd_per_hour:,.2f}",
             "—" if e.ttft_at_percentile_s is None else f"{e.ttft_at_percentile_s * 1e3:,.0f}",
             "—" if e.tpot_at_percentile_s is None else f"{e.tpot_at_percentile_s * 1e3:,.1f}",
+            "—" if e.e2e_at_percentile_s is None else f"{e.e2e_at_percentile_s * 1e3:,.0f}",
             note,
         )
     stdout.print(view)
     for e in evaluations:
         if not e.feasible:
             stdout.print(f"cannot run {e.candidate.label}: {e.reason}", soft_wrap=True)
-    best = planner.cheapest(evaluations)
+    if out is not None:
+        stdout.print(f"plan written to {out}")
     if best is None:
         stderr.print("no candidate meets the SLOs; widen the search", highlight=False)
         raise typer.Exit(code=1)

@@ -17,7 +17,6 @@ from sim.build.workload import build_requests, scenario_requests
 from sim.engine.latency import CalibratedCoefficients
 from sim.engine.request import Request
 from sim.report.outputs import write_outputs
-from sim.report.summary import SLO
 from sim.scenario import Scenario, ScenarioError, parse_scenario
 from sim.simulation import SimResult, Simulation
 
@@ -52,7 +51,7 @@ def build(
                 "engine.scheduling_policy: the trace sets request priorities; set it to "
                 "priority (vLLM refuses a priority under fcfs)"
             )
-    slo = SLO(scenario.slo.ttft_s, scenario.slo.tpot_s, scenario.slo.percentile)
+    slo = scenario.slo.target()
     simulation = build_simulation(scenario, requests, slo, latency_seed, router_seed, coefficients)
     simulation.max_waiting_requests = scenario.simulator.max_waiting_requests
     simulation.max_simulated_s = scenario.simulator.max_simulated_s

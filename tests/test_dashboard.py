@@ -282,7 +282,7 @@ def test_scenario_page_widgets_keep_their_tab_and_order() -> None:
                 *("caching", "chunked", "batching", "quantization", "kv_dtype"),
             ],
             "Fleet & autoscaling": ["replicas", "router", "hpa"],
-            "SLOs & cost": ["slo_ttft", "slo_tpot", "slo_pct", "price"],
+            "SLOs & cost": ["slo_ttft", "slo_tpot", "slo_e2e", "slo_pct", "price"],
             "YAML & trace": ["save_yaml", "pasted_yaml", "use_pasted", "yaml_upload", "trace"],
         },
         "save_name",

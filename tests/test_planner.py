@@ -8,6 +8,7 @@ import pytest
 
 from sim.planning.planner import (
     Candidate,
+    apply,
     breaking_load,
     cheapest,
     evaluate,
@@ -119,3 +120,32 @@ def test_disaggregated_splits_are_candidates_too() -> None:
     assert result.feasible
     # Three GPUs either way: the split costs what three co-located replicas cost.
     assert result.usd_per_hour == pytest.approx(evaluate(traffic(), candidates[1]).usd_per_hour)
+
+
+def test_an_e2e_target_can_fail_a_candidate_that_meets_ttft_and_tpot() -> None:
+    data = traffic(rate=4.0)
+    candidate = Candidate("h100-sxm", 1, "bf16", 2)
+    relaxed = evaluate(data, candidate)
+    assert relaxed.meets_slo and relaxed.e2e_at_percentile_s is not None
+    data["slo"]["e2e_s"] = relaxed.e2e_at_percentile_s / 2
+    strict = evaluate(data, candidate)
+    assert not strict.meets_slo
+    assert strict.ttft_at_percentile_s == relaxed.ttft_at_percentile_s
+
+
+def test_the_plan_keeps_the_scenarios_autoscaler_on_co_located_candidates() -> None:
+    data = traffic(rate=4.0)
+    data["fleet"] = {"replicas": 2, "autoscaling": {"min_replicas": 2, "target": 500}}
+    kept = apply(data, Candidate("h100-sxm", 1, "bf16", 3))
+    assert kept["fleet"]["autoscaling"]["max_replicas"] == 3
+    assert kept["fleet"]["autoscaling"]["min_replicas"] == 2 and kept["fleet"]["replicas"] == 2
+    small = apply(data, Candidate("h100-sxm", 1, "bf16", 1))
+    assert small["fleet"]["autoscaling"]["min_replicas"] == 1 and small["fleet"]["replicas"] == 1
+    split = apply(data, Candidate("h100-sxm", 1, "bf16", 2, prefill=1))
+    assert "autoscaling" not in split["fleet"]
+    evaluation = evaluate(data, Candidate("h100-sxm", 1, "bf16", 3))
+    assert evaluation.feasible and evaluation.autoscaled
+    # Billed for what the HPA ran: no more than three replicas all the time.
+    fixed = evaluate(traffic(rate=4.0), Candidate("h100-sxm", 1, "bf16", 3))
+    assert evaluation.usd_per_hour is not None and fixed.usd_per_hour is not None
+    assert evaluation.usd_per_hour <= fixed.usd_per_hour + 1e-9

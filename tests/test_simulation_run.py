@@ -109,3 +109,18 @@ def test_a_request_is_never_scheduled_before_its_recorded_arrival(tmp_path: Any)
     records = sim.run().records
     assert (records["arrival_s"] <= records["scheduled_s"]).all()
     assert records["arrival_s"].iloc[-1] == pytest.approx(100.0)
+
+
+def test_an_e2e_slo_is_judged_beside_ttft_and_tpot() -> None:
+    from sim.run import build
+    from sim.scenario import parse_scenario
+    from tests.factories import scenario_dict
+
+    data = scenario_dict(slo={"ttft_s": 10.0, "tpot_s": 1.0})
+    loose = build(parse_scenario(data)).run().summary["slo"]
+    assert loose["met"] and loose["e2e_target_s"] is None
+    e2e = loose["e2e_at_percentile_s"]
+    data["slo"]["e2e_s"] = e2e / 2
+    tight = build(parse_scenario(data)).run().summary
+    assert not tight["slo"]["met"] and tight["slo"]["e2e_target_s"] == e2e / 2
+    assert tight["goodput"]["slo_attainment"] < 1.0

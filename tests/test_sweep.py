@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import operator
 import subprocess
@@ -187,3 +188,50 @@ def test_local_ray_gives_the_same_table(table: pd.DataFrame) -> None:
     sweep = parse_sweep({"base": base(), "grid": {"fleet.replicas": [1, 2]}, "seeds": [0, 1, 2]})
     on_ray = run_sweep(sweep, executor="ray", ray_address="local")
     pd.testing.assert_frame_equal(table, on_ray)
+
+
+def plan_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "servesim.cli", "plan", *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+
+
+def test_plan_takes_slos_and_rate_on_the_command_line_and_writes_json(tmp_path: Path) -> None:
+    scenario = tmp_path / "s.yaml"
+    scenario.write_text(yaml.safe_dump(base()))
+    grid_args = ["--gpus", "h100-sxm", "--tp", "1", "--dtypes", "bf16", "--max-replicas", "2"]
+    flags = ["--ttft-ms", "250", "--e2e-ms", "5000", "--percentile", "95", "--rate", "7"]
+    out = tmp_path / "plan"
+    result = plan_cli(str(scenario), *grid_args, *flags, "--json", "--out", str(out))
+    assert result.returncode == 0, result.stderr
+    document = json.loads(result.stdout)
+    assert document["slo"] == {"ttft_s": 0.25, "tpot_s": 0.05, "percentile": 95.0, "e2e_s": 5.0}
+    assert document["rate_rps"] == 7.0
+    assert document["cheapest"]["label"] == "1× h100-sxm TP1 bf16"
+    assert [c["label"] for c in document["candidates"]] == [
+        "1× h100-sxm TP1 bf16",
+        "2× h100-sxm TP1 bf16",
+    ]
+    assert json.loads((out / "plan.json").read_text()) == document
+    assert len(pd.read_csv(out / "candidates.csv")) == 2
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--ttft-ms", "0"], "--ttft-ms: must be > 0"),
+        (["--percentile", "120"], "--percentile: must be in (0, 100]"),
+        (["--rate", "-1"], "--rate: must be > 0"),
+    ],
+)
+def test_bad_plan_flags_exit_2_naming_the_flag(
+    tmp_path: Path, flags: list[str], message: str
+) -> None:
+    scenario = tmp_path / "s.yaml"
+    scenario.write_text(yaml.safe_dump(base()))
+    result = plan_cli(str(scenario), "--gpus", "h100-sxm", "--tp", "1", *flags)
+    assert result.returncode == 2 and message in result.stderr, result.stderr

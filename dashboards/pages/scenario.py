@@ -237,6 +237,11 @@ def _slo_and_cost(data: dict[str, Any]) -> None:
     slo = data.setdefault("slo", {})
     slo["ttft_s"] = _number("TTFT target (s)", 0.001, 600.0, slo.get("ttft_s", 0.5), "slo_ttft")
     slo["tpot_s"] = _number("TPOT target (s)", 0.0001, 10.0, slo.get("tpot_s", 0.05), "slo_tpot")
+    e2e = _number("E2E target (s; 0: none)", 0.0, 36_000.0, slo.get("e2e_s") or 0.0, "slo_e2e")
+    if e2e:
+        slo["e2e_s"] = e2e
+    else:
+        slo.pop("e2e_s", None)
     slo["percentile"] = _number("At percentile", 1.0, 100.0, slo.get("percentile", 90), "slo_pct")
     price = st.number_input(
         "Price per GPU-hour (USD, 0 = catalogue default)", 0.0, 1000.0, 0.0, key="price"

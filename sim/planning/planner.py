@@ -12,10 +12,14 @@ from __future__ import annotations
 
 import copy
 import itertools
+import json
 import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
+
+import pandas as pd
 
 from sim.planning.parallel import run_all
 from sim.run import summary_or_error
@@ -51,6 +55,8 @@ class Evaluation:
     slo_attainment: float | None
     output_tokens_per_s: float | None
     reason: str = ""
+    e2e_at_percentile_s: float | None = None
+    autoscaled: bool = False  # replicas is the HPA's max_replicas; the cost is what it used
 
     def row(self) -> dict[str, Any]:
         return {
@@ -61,16 +67,28 @@ class Evaluation:
 
 
 def apply(data: dict[str, Any], candidate: Candidate) -> dict[str, Any]:
-    """The scenario dict with the candidate's GPU, TP, dtype and replica count."""
+    """The scenario dict with the candidate's GPU, TP, dtype and replica count.
+
+    A scenario with an autoscaler keeps it on co-located candidates: ``replicas`` is then the
+    HPA's ``max_replicas`` (its ``min_replicas`` lowered to fit), so the plan prices what the
+    HPA would run, not a fixed fleet. Disaggregated candidates are fixed pools (the HPA scales
+    one pool).
+    """
     out = copy.deepcopy(data)
     out["gpu"] = candidate.gpu
     out["dtype"] = candidate.dtype
     out.setdefault("engine", {})["tensor_parallel_size"] = candidate.tensor_parallel_size
     fleet = out.setdefault("fleet", {})
-    fleet.pop("autoscaling", None)
+    autoscaling = fleet.pop("autoscaling", None)
     fleet.pop("pools", None)
     fleet.pop("disaggregation", None)
     fleet["replicas"] = candidate.replicas
+    if autoscaling and not candidate.prefill:
+        floor = min(int(autoscaling.get("min_replicas", 1)), candidate.replicas)
+        fleet["autoscaling"] = {**autoscaling, "min_replicas": floor}
+        fleet["autoscaling"]["max_replicas"] = candidate.replicas
+        start = int(data.get("fleet", {}).get("replicas", floor))
+        fleet["replicas"] = max(floor, min(start, candidate.replicas))
     if candidate.prefill:
         fleet["disaggregation"] = {
             **(data.get("fleet", {}).get("disaggregation") or {}),
@@ -83,7 +101,8 @@ def apply(data: dict[str, Any], candidate: Candidate) -> dict[str, Any]:
 def evaluate(data: dict[str, Any], candidate: Candidate) -> Evaluation:
     """Simulate the scenario's traffic on ``candidate`` (a top-level function: it runs in
     worker processes)."""
-    summary, error = summary_or_error(apply(data, candidate), candidate.label)
+    deployed = apply(data, candidate)
+    summary, error = summary_or_error(deployed, candidate.label)
     if error:
         return _infeasible(candidate, error)
     slo = summary["slo"]
@@ -101,6 +120,8 @@ def evaluate(data: dict[str, Any], candidate: Candidate) -> Evaluation:
         tpot_at_percentile_s=slo["tpot_at_percentile_s"],
         slo_attainment=summary["goodput"]["slo_attainment"],
         output_tokens_per_s=summary["throughput"]["output_tokens_per_s"],
+        e2e_at_percentile_s=slo.get("e2e_at_percentile_s"),
+        autoscaled="autoscaling" in deployed["fleet"],
     )
 
 
@@ -200,3 +221,50 @@ def breaking_load(
         else:
             high = middle
     return low
+
+
+def plan_document(
+    name: str,
+    data: dict[str, Any],
+    evaluations: Sequence[Evaluation],
+    front: Sequence[Evaluation],
+    breaks: dict[str, float | None],
+    best: Evaluation | None,
+) -> dict[str, Any]:
+    """The plan as one JSON-able document: the SLOs and load it was made for, every candidate
+    (with ``pareto`` and ``breaks_above_x_load``), and the cheapest one meeting the SLOs."""
+    on_front = {e.candidate for e in front}
+
+    def finite(row: dict[str, Any]) -> dict[str, Any]:  # JSON has no NaN: unknown is null
+        return {
+            k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in row.items()
+        }
+
+    arrival = data.get("workload", {}).get("arrival") or {}
+    rate = arrival.get("rate")
+    return {
+        "scenario": name,
+        "slo": data.get("slo", {}),
+        "rate_rps": None if rate is None or not math.isfinite(rate) else rate,
+        "autoscaling": bool(data.get("fleet", {}).get("autoscaling")),
+        "cheapest": None if best is None else finite(best.row()),
+        "candidates": [
+            {
+                **finite(e.row()),
+                "pareto": e.candidate in on_front,
+                "breaks_above_x_load": breaks.get(e.candidate.label),
+            }
+            for e in evaluations
+        ],
+    }
+
+
+def write_plan(document: dict[str, Any], out_dir: Path) -> list[Path]:
+    """``plan.json`` (the document) and ``candidates.csv`` (one row per candidate) in
+    ``out_dir``."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    plan_path = out_dir / "plan.json"
+    plan_path.write_text(json.dumps(document, indent=2, allow_nan=False) + "\n", encoding="utf-8")
+    table_path = out_dir / "candidates.csv"
+    pd.DataFrame(document["candidates"]).to_csv(table_path, index=False)
+    return [plan_path, table_path]

@@ -40,11 +40,13 @@ class PrefixCacheCounts:
 
 @dataclass(frozen=True, slots=True)
 class SLO:
-    """Latency targets at a percentile: TTFT and TPOT each at most their target."""
+    """Latency targets at a percentile: TTFT and TPOT each at most their target, and E2E when
+    it has one (None: no E2E target)."""
 
     ttft_s: float
     tpot_s: float
     percentile: float = 90.0
+    e2e_s: float | None = None
 
 
 def records_frame(records: Iterable[Record]) -> pd.DataFrame:
@@ -155,12 +157,15 @@ def weighted_percentiles(
 
 
 def slo_met(frame: pd.DataFrame, slo: SLO) -> np.ndarray:
-    """Per request: completed, TTFT within target, and TPOT within target (or undefined)."""
+    """Per request: completed, TTFT within target, TPOT within target (or undefined), and E2E
+    within its target where there is one."""
     ok = (frame["status"] == RequestStatus.OK.value).to_numpy()
     ttft_ok = (frame["ttft_s"] <= slo.ttft_s).to_numpy()
     tpot = frame["tpot_s"].to_numpy(dtype=np.float64)
     tpot_ok = np.isnan(tpot) | (tpot <= slo.tpot_s)
     result: np.ndarray = ok & ttft_ok & tpot_ok
+    if slo.e2e_s is not None:
+        result &= (frame["e2e_s"] <= slo.e2e_s).to_numpy()
     return result
 
 
@@ -197,6 +202,8 @@ def summarize(
     met = slo_met(frame, slo)
     ttft_pct = _percentile_all(frame["ttft_s"].to_numpy(dtype=np.float64), is_ok, slo.percentile)
     tpot_pct = _percentile_all(frame["tpot_s"].to_numpy(dtype=np.float64), is_ok, slo.percentile)
+    e2e_pct = _percentile_all(frame["e2e_s"].to_numpy(dtype=np.float64), is_ok, slo.percentile)
+    e2e_met = slo.e2e_s is None or e2e_pct <= slo.e2e_s
     counts = frame["status"].value_counts()
     summary = {
         "ttft_s": distribution(ok["ttft_s"].to_numpy()),
@@ -217,10 +224,14 @@ def summarize(
             "percentile": slo.percentile,
             "ttft_target_s": slo.ttft_s,
             "tpot_target_s": slo.tpot_s,
+            "e2e_target_s": slo.e2e_s,
             "ttft_at_percentile_s": _finite_or_none(ttft_pct),
             "tpot_at_percentile_s": _finite_or_none(tpot_pct),
+            "e2e_at_percentile_s": _finite_or_none(e2e_pct),
             "met": bool(
-                ttft_pct <= slo.ttft_s and (math.isnan(tpot_pct) or tpot_pct <= slo.tpot_s)
+                ttft_pct <= slo.ttft_s
+                and (math.isnan(tpot_pct) or tpot_pct <= slo.tpot_s)
+                and e2e_met
             ),
         },
         "prefix_cache": {

@@ -10,6 +10,7 @@ from pydantic import Field, model_validator
 
 from sim.catalog.hardware import GPU
 from sim.engine.latency import DEFAULT_FRONTEND_OVERHEAD_S, RooflineParams
+from sim.report.summary import SLO
 from sim.scenario.base import Fraction, PositiveFloat, PositiveInt, Spec
 
 _ROOFLINE = RooflineParams()
@@ -273,6 +274,11 @@ class SLOSpec(Spec):
     ttft_s: PositiveFloat = 0.5
     tpot_s: PositiveFloat = 0.05
     percentile: Annotated[float, Field(gt=0, le=100)] = 90.0
+    e2e_s: PositiveFloat | None = None  # end to end (first byte sent to last token), optional
+
+    def target(self) -> SLO:
+        """The report's SLO value object."""
+        return SLO(self.ttft_s, self.tpot_s, self.percentile, self.e2e_s)
 
 
 class OutputSpec(Spec):
