@@ -11,6 +11,8 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import math
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
@@ -33,12 +35,14 @@ from live.tokens import PromptTokens
 from sim.engine.request import Request
 from sim.files import DocumentError, read_document
 from sim.report.summary import (
+    PERCENTILES,
     SLO,
     PrefixCacheCounts,
     distribution,
     records_frame,
     summarize,
     token_times_frame,
+    with_defaults,
 )
 from sim.run import scenario_requests, write_outputs
 from sim.scenario import Scenario
@@ -157,6 +161,7 @@ def summarize_live(
     slo: SLO,
     delta: MetricsDelta | None,
     kv_capacity: int = 0,
+    percentiles: Sequence[float] = PERCENTILES,
 ) -> dict[str, Any]:
     """The simulator's summary computed on live records, plus what only a live run knows."""
     frame = records_frame(result.records)
@@ -175,6 +180,7 @@ def summarize_live(
         wall_s=result.duration_s,
         simulated_s=result.duration_s,
         num_events=len(result.records),
+        percentiles=percentiles,
     )
     summary["live"] = {
         "interrupted": result.interrupted,
@@ -266,7 +272,15 @@ def run_live(
         except ValueError as exc:  # counters went down: the server restarted mid-run
             notes.append(f"server metrics unusable: {exc}")
     slo = scenario.slo.target()
-    summary = summarize_live(result, slo, delta, capacity)
+    summary = summarize_live(
+        result, slo, delta, capacity, with_defaults(scenario.output.percentiles)
+    )
+    # One server: the GPUs of one replica of the scenario's engine.
+    gpus = scenario.engine.tensor_parallel_size * scenario.engine.pipeline_parallel_size
+    rate = summary["throughput"]["output_tokens_per_s"]
+    summary["throughput"]["output_tokens_per_s_per_gpu"] = (
+        rate / gpus if rate is not None and math.isfinite(rate) else None
+    )
     summary["live"].update(
         url=target.base_url,
         model=target.model,

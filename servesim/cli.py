@@ -37,7 +37,8 @@ stdout = Console()
 def _print_summary(scenario: Scenario, summary: dict[str, Any]) -> None:
     table = Table(title=f"{scenario.name}: latency (ms)", title_justify="left")
     table.add_column("metric")
-    for column in ("mean", "p50", "p90", "p95", "p99"):
+    columns = list(summary["ttft_s"])  # mean, then every percentile the run reports
+    for column in columns:
         table.add_column(column, justify="right")
     for key, label in (
         ("ttft_s", "TTFT"),
@@ -47,7 +48,7 @@ def _print_summary(scenario: Scenario, summary: dict[str, Any]) -> None:
         ("queue_s", "queueing"),
     ):
         row = summary[key]
-        table.add_row(label, *(milliseconds(row[c]) for c in ("mean", "p50", "p90", "p95", "p99")))
+        table.add_row(label, *(milliseconds(row.get(c)) for c in columns))
     stdout.print(table)
 
     slo = summary["slo"]
@@ -59,6 +60,10 @@ def _print_summary(scenario: Scenario, summary: dict[str, Any]) -> None:
     facts.add_row("requests/s", f"{throughput['requests_per_s']:.2f}")
     facts.add_row("output tokens/s", f"{throughput['output_tokens_per_s']:,.0f}")
     facts.add_row("total tokens/s", f"{throughput['total_tokens_per_s']:,.0f}")
+    per_gpu = throughput.get("output_tokens_per_s_per_gpu")
+    per_user = throughput.get("output_tokens_per_s_per_user")
+    facts.add_row("output tokens/s per GPU", "—" if per_gpu is None else f"{per_gpu:,.0f}")
+    facts.add_row("output tokens/s per user", "—" if per_user is None else f"{per_user:,.1f}")
     pct = f"p{slo['percentile']:g}"
     facts.add_row(
         f"SLO TTFT {pct} ≤ {milliseconds(slo['ttft_target_s'])} ms",
@@ -145,9 +150,21 @@ def run(
     ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print the summary as JSON")] = False,
     fmt: Annotated[
-        str, typer.Option("--format", help="file format of records and time series: parquet|csv")
+        str,
+        typer.Option(
+            "--format",
+            help="file format of records and time series: parquet|csv; vllm-bench: parquet "
+            "plus vllm_bench.json (vllm bench serve's result keys), which --json prints",
+        ),
     ] = "parquet",
     seed: Annotated[int | None, typer.Option(help="override the scenario's seed")] = None,
+    percentiles: Annotated[
+        str | None,
+        typer.Option(
+            help="latency percentiles to report besides 50,90,95,99, e.g. 99.9 "
+            "(replaces output.percentiles)"
+        ),
+    ] = None,
     num_replications: Annotated[
         int,
         typer.Option(
@@ -157,14 +174,18 @@ def run(
     ] = 1,
 ) -> None:
     """Simulate a scenario and print TTFT/TPOT/E2E percentiles, throughput, goodput, hit rate."""
-    if fmt not in ("parquet", "csv"):
-        fail(f"--format: must be parquet or csv, got {fmt!r}")
+    if fmt not in ("parquet", "csv", "vllm-bench"):
+        fail(f"--format: must be parquet, csv or vllm-bench, got {fmt!r}")
+    chosen = _percentiles_or_exit(percentiles)
     if num_replications < 1:
         fail(f"--replications: must be >= 1, got {num_replications}")
     with warnings_on_stderr():
         scenario = load_or_exit(scenario_path)
         if seed is not None:
             scenario = scenario.model_copy(update={"seed": seed})
+        if chosen is not None:
+            output = scenario.output.model_copy(update={"percentiles": list(chosen)})
+            scenario = scenario.model_copy(update={"output": output})
         try:
             simulation = build(scenario)
         except ValueError as exc:
@@ -173,6 +194,7 @@ def run(
         result = simulation.run(progress=update)
     if out is not None:
         file_format: Literal["parquet", "csv"] = "csv" if fmt == "csv" else "parquet"
+
         written = result.write(out, file_format)
         if scenario.output.prometheus:
             from sim.report.prometheus import openmetrics_backfill, write_backfill
@@ -181,6 +203,10 @@ def run(
                 result.timeseries, result.records, model_name=scenario.resolve_model().name
             )
             written.append(write_backfill(Path(out) / "metrics.om", text))
+        if fmt == "vllm-bench":
+            bench_path = Path(out) / "vllm_bench.json"
+            bench_path.write_text(json.dumps(_vllm_bench(scenario, result), indent=2) + "\n")
+            written.append(bench_path)
         for path in written:
             stderr.print(f"wrote {path}", highlight=False)
     if num_replications > 1:
@@ -193,11 +219,47 @@ def run(
         except ValueError as exc:
             fail(str(exc))
     if as_json:
-        sys.stdout.write(json.dumps(result.summary, indent=2) + "\n")
+        document = _vllm_bench(scenario, result) if fmt == "vllm-bench" else result.summary
+        sys.stdout.write(json.dumps(document, indent=2) + "\n")
     else:
         _print_summary(scenario, result.summary)
         if num_replications > 1:
             _print_replications(result.summary["replications"])
+
+
+def _percentiles_or_exit(text: str | None) -> tuple[float, ...] | None:
+    """``--percentiles 50,90,99.9`` as numbers in (0, 100); exit 2 naming the bad one."""
+    if text is None:
+        return None
+    values = []
+    for part in (p.strip() for p in text.split(",")):
+        try:
+            value = float(part)
+        except ValueError:
+            fail(f"--percentiles: {part!r} is not a number; give e.g. 50,90,99.9")
+        if not 0 < value < 100:
+            fail(f"--percentiles: {part} must be between 0 and 100 (exclusive)")
+        values.append(value)
+    return tuple(values)
+
+
+def _vllm_bench(scenario: Any, result: Any) -> dict[str, Any]:
+    """The run as ``vllm bench serve``'s result document (sim/report/vllm_bench.py)."""
+    from sim.report.vllm_bench import VLLM_DEFAULT_PERCENTILES, vllm_bench_result
+
+    arrival = scenario.workload.arrival
+    rate = getattr(arrival, "rate", None)
+    cv = getattr(arrival, "cv", None)
+    return vllm_bench_result(
+        result.records,
+        itl=result.summary["itl_s"],
+        goodput_requests_per_s=result.summary["goodput"]["requests_per_s"],
+        model_id=scenario.resolve_model().name,
+        request_rate=rate,
+        burstiness=1.0 if cv is None else cv**-2,
+        max_concurrency=scenario.workload.max_concurrency,
+        percentiles=scenario.output.percentiles or VLLM_DEFAULT_PERCENTILES,
+    )
 
 
 def _print_replications(replicated: dict[str, Any]) -> None:

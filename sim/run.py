@@ -17,6 +17,7 @@ from sim.build.workload import build_requests, scenario_requests
 from sim.engine.latency import CalibratedCoefficients
 from sim.engine.request import Request
 from sim.report.outputs import write_outputs
+from sim.report.summary import with_defaults
 from sim.scenario import Scenario, ScenarioError, parse_scenario
 from sim.simulation import SimResult, Simulation
 
@@ -57,6 +58,7 @@ def build(
     simulation.max_simulated_s = scenario.simulator.max_simulated_s
     simulation.max_concurrency = scenario.workload.max_concurrency
     simulation.client_think_s = scenario.workload.think_time_s
+    simulation.percentiles = with_defaults(scenario.output.percentiles)
     return simulation
 
 

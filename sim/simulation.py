@@ -34,7 +34,14 @@ from sim.report.cost import cost_summary
 from sim.report.fleet import fleet_summary
 from sim.report.outputs import write_outputs
 from sim.report.stability import stability
-from sim.report.summary import SLO, PrefixCacheCounts, records_frame, summarize, token_times_frame
+from sim.report.summary import (
+    PERCENTILES,
+    SLO,
+    PrefixCacheCounts,
+    records_frame,
+    summarize,
+    token_times_frame,
+)
 
 #: The most time-series rows a run samples over its arrivals (the interval grows to fit).
 MAX_SAMPLES = 200_000
@@ -114,6 +121,7 @@ class Simulation:
         self.max_simulated_s = max_simulated_s
         self.max_concurrency: int | None = None
         self.client_think_s = 0.0
+        self.percentiles: tuple[float, ...] = PERCENTILES
         first = (scheduler, latency_model)
 
         def engines(i: int) -> tuple[Scheduler, IterationTimeModel]:
@@ -200,10 +208,15 @@ class Simulation:
             wall_s=wall_s,
             simulated_s=float(env.now),
             num_events=sum(r.num_steps for r in replicas) + len(state.records) + len(fleet.rows),
+            percentiles=self.percentiles,
         )
         summary["sim"]["fast_forwarded_steps"] = sum(r.num_fast_forwarded_steps for r in replicas)
-        summary["cost"] = cost_summary(
-            replicas, float(env.now), int(frame.loc[frame["status"] == "ok", "output_tokens"].sum())
+        output_tokens = int(frame.loc[frame["status"] == "ok", "output_tokens"].sum())
+        summary["cost"] = cost_summary(replicas, float(env.now), output_tokens)
+        gpu_s = summary["cost"]["gpu_hours"] * 3600
+        # Per GPU-second of the fleet's lifetime (start-up included), as the cost bills it.
+        summary["throughput"]["output_tokens_per_s_per_gpu"] = (
+            output_tokens / gpu_s if gpu_s > 0 else None
         )
         section = fleet_summary(fleet, state.scaler, float(env.now))
         if section is not None:

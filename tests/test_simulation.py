@@ -107,6 +107,8 @@ def test_summary_has_every_documented_key() -> None:
         "requests_per_s",
         "output_tokens_per_s",
         "total_tokens_per_s",
+        "output_tokens_per_s_per_gpu",
+        "output_tokens_per_s_per_user",
     }
     assert set(summary["goodput"]) == {"requests_per_s", "slo_attainment"}
     assert set(summary["prefix_cache"]) == {

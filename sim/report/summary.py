@@ -103,10 +103,23 @@ def token_times_frame(records: Iterable[Record]) -> pd.DataFrame | None:
     return pd.DataFrame(rows, columns=["request_id", "token_index", "time_s"])
 
 
+def percentile_key(percentile: float) -> str:
+    """A percentile's key in a summary: ``p50``, ``p99.9``."""
+    return f"p{percentile:g}"
+
+
+def with_defaults(percentiles: Sequence[float] | None) -> tuple[float, ...]:
+    """The user's percentiles and :data:`PERCENTILES` (which every summary keeps), sorted."""
+    return tuple(sorted({*PERCENTILES, *(percentiles or ())}))
+
+
 def distribution(
-    values: Sequence[float] | np.ndarray, counts: Sequence[int] | np.ndarray | None = None
+    values: Sequence[float] | np.ndarray,
+    counts: Sequence[int] | np.ndarray | None = None,
+    percentiles: Sequence[float] = PERCENTILES,
 ) -> dict[str, float | None]:
-    """``mean``, ``p50`` … ``p99`` of the finite values; None when there are none.
+    """``mean`` and each percentile (``p50`` … ``p99`` by default) of the finite values; None
+    when there are none.
 
     With ``counts``, value ``i`` occurs ``counts[i]`` times (run-length encoded samples, such as
     the simulator's inter-token latencies); the percentiles are those of the expanded samples.
@@ -118,16 +131,16 @@ def distribution(
         weights = np.asarray(counts, dtype=np.int64)[finite]
         array, weights = array[weights > 0], weights[weights > 0]
     if array.size == 0:
-        return {"mean": None, **{f"p{p}": None for p in PERCENTILES}}
+        return {"mean": None, **{percentile_key(p): None for p in percentiles}}
     if counts is None:
-        quantiles = np.percentile(array, PERCENTILES)
+        quantiles = np.percentile(array, percentiles)
         mean = float(array.mean())
     else:
-        quantiles = weighted_percentiles(array, weights, PERCENTILES)
+        quantiles = weighted_percentiles(array, weights, percentiles)
         mean = float(np.dot(array, weights) / weights.sum())
     return {
         "mean": mean,
-        **{f"p{p}": float(q) for p, q in zip(PERCENTILES, quantiles, strict=True)},
+        **{percentile_key(p): float(q) for p, q in zip(percentiles, quantiles, strict=True)},
     }
 
 
@@ -182,8 +195,10 @@ def summarize(
     wall_s: float,
     simulated_s: float,
     num_events: int,
+    percentiles: Sequence[float] = PERCENTILES,
 ) -> dict[str, Any]:
-    """The summary dictionary (also ``summary.json`` and ``servesim run --json``).
+    """The summary dictionary (also ``summary.json`` and ``servesim run --json``), with each
+    latency at ``percentiles``.
 
     The SLO is judged over *every* request: a rejected or failed request counts as one that
     missed both targets, so a run that rejects half its traffic cannot meet a p90 SLO.
@@ -206,15 +221,17 @@ def summarize(
     e2e_met = slo.e2e_s is None or e2e_pct <= slo.e2e_s
     counts = frame["status"].value_counts()
     summary = {
-        "ttft_s": distribution(ok["ttft_s"].to_numpy()),
-        "tpot_s": distribution(ok["tpot_s"].to_numpy()),
-        "itl_s": distribution(itl_s, itl_counts),
-        "e2e_s": distribution(ok["e2e_s"].to_numpy()),
-        "queue_s": distribution(ok["queue_s"].to_numpy()),
+        "ttft_s": distribution(ok["ttft_s"].to_numpy(), percentiles=percentiles),
+        "tpot_s": distribution(ok["tpot_s"].to_numpy(), percentiles=percentiles),
+        "itl_s": distribution(itl_s, itl_counts, percentiles),
+        "e2e_s": distribution(ok["e2e_s"].to_numpy(), percentiles=percentiles),
+        "queue_s": distribution(ok["queue_s"].to_numpy(), percentiles=percentiles),
         "throughput": {
             "requests_per_s": per_s(len(ok)),
             "output_tokens_per_s": per_s(output_tokens),
             "total_tokens_per_s": per_s(output_tokens + prompt_tokens),
+            # The interactivity axis: each request's decode speed (1 / TPOT), averaged.
+            "output_tokens_per_s_per_user": _per_user(ok["tpot_s"].to_numpy(dtype=np.float64)),
         },
         "goodput": {
             "requests_per_s": per_s(int(met.sum())),
@@ -254,6 +271,11 @@ def summarize(
     if by_priority:
         summary["by_priority"] = by_priority
     return summary
+
+
+def _per_user(tpot_s: np.ndarray) -> float | None:
+    rates = 1.0 / tpot_s[np.isfinite(tpot_s) & (tpot_s > 0)]
+    return float(rates.mean()) if rates.size else None
 
 
 def priority_classes(frame: pd.DataFrame, slo: SLO) -> dict[str, Any]:

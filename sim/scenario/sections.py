@@ -289,6 +289,8 @@ class OutputSpec(Spec):
     # With --out: also metrics.om, the time series under vLLM's Prometheus names (OpenMetrics
     # with timestamps, for promtool tsdb create-blocks-from openmetrics).
     prometheus: bool = False
+    # Latency percentiles every summary reports, besides 50, 90, 95 and 99 (e.g. [99.9]).
+    percentiles: list[Annotated[float, Field(gt=0, lt=100)]] | None = None
 
 
 class SimulatorSpec(Spec):

@@ -24,6 +24,8 @@ from live.importers import import_records
 from live.server import VLLMServer
 from live.tiny_model import ensure_tiny_model
 from sim.engine.request import RECORD_COLUMNS
+from sim.report.summary import distribution
+from sim.report.vllm_bench import vllm_bench_result
 from sim.scenario import EngineSpec
 
 pytestmark = pytest.mark.live
@@ -138,5 +140,20 @@ def test_a_real_bench_serve_result_imports_exactly(
     assert run.metadata["model"] == server.model_name
     assert run.metadata["num_prompts"] == NUM_PROMPTS
     assert run.metadata["request_rate"] == 5.0
+    # servesim's --format vllm-bench, fed vLLM's own measurements, writes vLLM's own numbers.
+    ours = vllm_bench_result(
+        frame,
+        itl=distribution(run.itl_s, percentiles=(50.0, 99.0)),
+        goodput_requests_per_s=None,
+        model_id=server.model_name,
+        request_rate=5.0,
+    )
+    metric_keys = [k for k in raw if k.endswith("_ms") and not k.startswith("std_itl")]
+    assert metric_keys and set(metric_keys) <= set(ours)
+    for key in metric_keys:
+        assert ours[key] == pytest.approx(raw[key], rel=1e-6), key
+    for key in ("completed", "total_input_tokens", "total_output_tokens", "num_prompts"):
+        assert ours[key] == raw[key], key
+    assert ours["request_throughput"] == pytest.approx(raw["request_throughput"], rel=0.05)
     assert run.metadata["arrival_known"] is True
     assert frame["scheduled_s"].isna().all()
