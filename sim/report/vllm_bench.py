@@ -92,13 +92,13 @@ def vllm_bench_result(
     }
     result |= _stats("ttft", ok["ttft_s"].to_numpy(dtype=np.float64), percentiles)
     result |= _stats("tpot", ok["tpot_s"].to_numpy(dtype=np.float64), percentiles)
-    result |= {
-        "mean_itl_ms": None if itl["mean"] is None else itl["mean"] * 1e3,
-        "median_itl_ms": None if itl.get("p50") is None else itl["p50"] * 1e3,
-        "std_itl_ms": None,
-    }
+
+    def ms(key: str) -> float | None:
+        value = itl.get(key)
+        return None if value is None else value * 1e3
+
+    result |= {"mean_itl_ms": ms("mean"), "median_itl_ms": ms("p50"), "std_itl_ms": None}
     for p in percentiles:
-        value = itl.get(percentile_key(p))
-        result[f"{percentile_key(p)}_itl_ms"] = None if value is None else value * 1e3
+        result[f"{percentile_key(p)}_itl_ms"] = ms(percentile_key(p))
     result |= _stats("e2el", ok["e2e_s"].to_numpy(dtype=np.float64), percentiles)
     return result
