@@ -365,12 +365,51 @@ def import_command(
     path: Annotated[Path, typer.Argument(help="vllm bench serve or GuideLLM result JSON")],
     out: Annotated[Path, typer.Option("--out", help="output directory")] = Path("imported"),
     fmt: Annotated[str, typer.Option("--format", help="parquet | csv")] = "parquet",
+    benchmark: Annotated[
+        str | None,
+        typer.Option(
+            help="which run of a file with several (a GuideLLM sweep, vllm bench "
+            "--append-result): its index, its name (constant@5, rate=inf, a label), or 'all' "
+            "(each into OUT/<index>)"
+        ),
+    ] = None,
 ) -> None:
     """Read another benchmark tool's results into records (for calibration and validation)."""
+    from live.importers import BenchmarkImportError, run_labels
+
+    try:
+        labels = run_labels(path) if benchmark is not None else []
+    except (BenchmarkImportError, OSError) as exc:
+        fail(str(exc))
+    if benchmark == "all":
+        for index in range(len(labels)):
+            _import_one(path, out / str(index), fmt, index)
+        return
+    _import_one(path, out, fmt, None if benchmark is None else _run_index(benchmark, labels))
+
+
+def _run_index(benchmark: str, labels: list[str]) -> int:
+    """``--benchmark``'s run: an index, or the one run whose name is (or starts with) it."""
+    names = ", ".join(f"{i}: {label}" for i, label in enumerate(labels))
+    if benchmark.isdigit():
+        index = int(benchmark)
+        if index >= len(labels):
+            fail(f"--benchmark: {index} is out of range; the file holds {names}")
+        return index
+    exact = [i for i, label in enumerate(labels) if label == benchmark]
+    matches = exact or [i for i, label in enumerate(labels) if label.startswith(benchmark)]
+    if len(matches) != 1:
+        what = "no run" if not matches else f"{len(matches)} runs"
+        fail(f"--benchmark: {what} named {benchmark!r}; the file holds {names}")
+    return matches[0]
+
+
+def _import_one(path: Path, out: Path, fmt: str, index: int | None) -> None:
+    """One run of the file into ``out``: records, and ``import.json`` beside them."""
     from live.importers import IMPORT_META_FILE, BenchmarkImportError, import_records
 
     try:
-        imported = import_records(path)
+        imported = import_records(path, benchmark_index=index)
     except (BenchmarkImportError, OSError) as exc:
         fail(str(exc))
     out.mkdir(parents=True, exist_ok=True)

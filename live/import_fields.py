@@ -60,7 +60,9 @@ def choose_index(count: int, requested: int | None, path: Path, what: str) -> in
     if requested is None:
         if count != 1:
             raise BenchmarkImportError(
-                f"{path}: the file holds {count} {what}; pass benchmark_index=0…{count - 1}"
+                f"{path}: the file holds {count} {what}; pick one with --benchmark 0…{count - 1} "
+                "or a name, or import them all with --benchmark all (benchmark_index=0…"
+                f"{count - 1} in Python)"
             )
         return 0
     if not 0 <= requested < count:

@@ -86,6 +86,29 @@ def import_records(
             raise AssertionError(format)
 
 
+def run_labels(path: str | Path, format: ImportFormat = "auto") -> list[str]:
+    """A name for each run the file holds, in file order (what ``--benchmark NAME`` matches):
+    GuideLLM's strategy and rate (``constant@5``, ``synchronous``), vLLM's ``label`` or its
+    request rate (``rate=5``, ``rate=inf``)."""
+    path = Path(path)
+    documents = _read_json_documents(path)
+    if format == "auto":
+        format = _detect_format(documents[0], path)
+    if format == "guidellm":
+        labels = []
+        for benchmark in documents[0].get("benchmarks") or []:
+            config = (
+                (benchmark.get("config") or benchmark.get("args") or {})
+                if isinstance(benchmark, dict)
+                else {}
+            )
+            strategy = config.get("strategy") or {}
+            kind, rate = strategy.get("type_") or "benchmark", strategy.get("rate")
+            labels.append(f"{kind}@{rate:g}" if isinstance(rate, int | float) else str(kind))
+        return labels
+    return [str(d.get("label") or f"rate={d.get('request_rate', '?')}") for d in documents]
+
+
 # --- reading and detection -----------------------------------------------------------------
 
 

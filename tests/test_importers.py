@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from live.importers import BenchmarkImportError, ImportedRun, import_records
+from live.importers import BenchmarkImportError, ImportedRun, import_records, run_labels
 from sim.engine.request import RECORD_COLUMNS
 
 # --- vLLM bench serve ------------------------------------------------------------------------
@@ -523,3 +523,48 @@ def test_guidellm_request_without_timings_names_the_field(tmp_path: Path) -> Non
     path = write_json(tmp_path / "d.json", report)
     with pytest.raises(BenchmarkImportError, match=r"d\.json: field 'benchmarks\[0\]\.requests'"):
         import_records(path)
+
+
+def test_cli_picks_a_run_of_a_sweep_by_index_or_name_or_imports_all(tmp_path: Path) -> None:
+    from tests.test_cli import servesim
+
+    slow = guidellm_benchmark(three_guidellm_requests(), rate=1.0)
+    fast = guidellm_benchmark({"successful": three_guidellm_requests()["successful"]}, rate=8.0)
+    path = write_json(tmp_path / "sweep.json", guidellm_report(slow, fast))
+    assert run_labels(path) == ["constant@1", "constant@8"]
+
+    def imported(out: str, *flags: str) -> Any:
+        return servesim("live", "import", str(path), "--out", str(tmp_path / out), *flags)
+
+    refused = imported("none")
+    assert refused.returncode == 2 and "--benchmark 0…1" in refused.stderr
+
+    by_name = servesim(
+        "live", "import", str(path), "--benchmark", "constant@8", "--out", str(tmp_path / "n")
+    )
+    assert by_name.returncode == 0, by_name.stderr
+    meta = json.loads((tmp_path / "n" / "import.json").read_text())
+    assert meta["benchmark_index"] == 1 and meta["request_rate"] == 8.0
+
+    every = servesim(
+        "live", "import", str(path), "--benchmark", "all", "--out", str(tmp_path / "a")
+    )
+    assert every.returncode == 0, every.stderr
+    for index, rate in ((0, 1.0), (1, 8.0)):
+        meta = json.loads((tmp_path / "a" / str(index) / "import.json").read_text())
+        assert meta["request_rate"] == rate
+        assert (tmp_path / "a" / str(index) / "records.parquet").exists()
+
+    for bad, message in (("5", "out of range"), ("constant", "2 runs named"), ("x", "no run")):
+        result = servesim(
+            "live", "import", str(path), "--benchmark", bad, "--out", str(tmp_path / "b")
+        )
+        assert result.returncode == 2 and message in result.stderr, result.stderr
+        assert "0: constant@1, 1: constant@8" in result.stderr
+
+
+def test_appended_vllm_results_are_named_by_label_or_rate(tmp_path: Path) -> None:
+    path = tmp_path / "appended.json"
+    first, second = vllm_result(), vllm_result(label="warm", request_rate=4.0)
+    path.write_text(json.dumps(first) + "\n" + json.dumps(second), encoding="utf-8")
+    assert run_labels(path) == ["rate=inf", "warm"]
