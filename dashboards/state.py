@@ -14,6 +14,10 @@ from sim.scenario import Scenario
 
 SCENARIO = "scenario_data"
 SAVED = "saved_scenarios"
+#: The widget keys of the scenario page's knobs, cleared when a whole scenario is loaded.
+KNOBS = "scenario_knob_keys"
+#: A message for the next run of the page (a load reruns the page before it can show one).
+FLASH = "scenario_flash"
 
 
 def scenario_data() -> dict[str, Any]:
@@ -26,6 +30,32 @@ def scenario_data() -> dict[str, Any]:
 
 def set_scenario_data(data: dict[str, Any]) -> None:
     st.session_state[SCENARIO] = data
+
+
+def knob_key(key: str) -> str:
+    """``key``, remembered as the key of a widget that shows one of the scenario's values."""
+    knobs: set[str] = st.session_state.setdefault(KNOBS, set())
+    knobs.add(key)
+    return key
+
+
+def load_scenario(data: dict[str, Any], message: str) -> None:
+    """Replace the whole scenario (a preset, pasted or uploaded YAML) and rerun the page.
+
+    A knob widget keeps its own value across reruns and would write it back over the loaded
+    scenario, so every knob's state is dropped: the next run draws each from the new scenario.
+    """
+    for key in st.session_state.get(KNOBS, set()):
+        st.session_state.pop(key, None)
+    set_scenario_data(data)
+    st.session_state[FLASH] = message
+    st.rerun()
+
+
+def pop_flash() -> str | None:
+    """The message a load left for this run, once."""
+    message: str | None = st.session_state.pop(FLASH, None)
+    return message
 
 
 @st.cache_data(show_spinner=False, max_entries=32)

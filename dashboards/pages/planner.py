@@ -33,10 +33,10 @@ def main() -> None:
     data = scenario_data()
     _traffic_and_slos(scenario)
     candidates, requests = _search_space(scenario)
-    if not st.button("Search", key="plan_search") and "plan_results" not in st.session_state:
-        return
     traffic = _traffic(data, requests)
-    evaluations = _evaluations(traffic, candidates)
+    evaluations = _evaluations(traffic, candidates, st.button("Search", key="plan_search"))
+    if evaluations is None:
+        return
     best = _cheapest(evaluations)
     table = _table(evaluations)
     front = pareto_front(evaluations)
@@ -87,20 +87,38 @@ def _traffic(data: dict[str, Any], requests: int) -> dict[str, Any]:
     return traffic
 
 
-def _evaluations(traffic: dict[str, Any], candidates: list[Candidate]) -> list[Evaluation]:
-    """Every candidate simulated, with a progress bar; kept in the session until the traffic
-    or the candidates change."""
-    if st.session_state.get("plan_key") != (repr(traffic), repr(candidates)):
-        bar = st.progress(0.0, text="simulating candidates")
+#: Searches already run this session, by their inputs (the traffic and the candidates).
+SEARCHES = "plan_searches"
+#: The inputs of the search on screen.
+SHOWN = "plan_shown"
+#: The most searches kept per session (each holds one evaluation per candidate).
+MAX_SEARCHES = 8
 
-        def progress(done: int, total: int) -> None:
-            bar.progress(done / total, text=f"{done}/{total}")
 
-        evaluations = search(traffic, candidates, progress=progress)
-        st.session_state["plan_results"] = evaluations
-        st.session_state["plan_key"] = (repr(traffic), repr(candidates))
-    results: list[Evaluation] = st.session_state["plan_results"]
-    return results
+def _evaluations(
+    traffic: dict[str, Any], candidates: list[Candidate], asked: bool
+) -> list[Evaluation] | None:
+    """The search for these inputs: run only when ``asked`` (the Search button) and not
+    already run for the same inputs this session; shown until the inputs change. None: nothing
+    to show yet, or the inputs changed since the last search (the page says so)."""
+    key = repr((traffic, candidates))
+    searches: dict[str, list[Evaluation]] = st.session_state.setdefault(SEARCHES, {})
+    if asked:
+        if key not in searches:
+            bar = st.progress(0.0, text="simulating candidates")
+
+            def progress(done: int, total: int) -> None:
+                bar.progress(done / total, text=f"{done}/{total}")
+
+            searches[key] = search(traffic, candidates, progress=progress)
+            while len(searches) > MAX_SEARCHES:
+                searches.pop(next(iter(searches)))
+        st.session_state[SHOWN] = key
+    if st.session_state.get(SHOWN) == key and key in searches:
+        return searches[key]
+    if SHOWN in st.session_state:
+        st.info("The search space or the scenario changed: press Search to plan again.")
+    return None
 
 
 def _cheapest(evaluations: list[Evaluation]) -> Evaluation | None:
@@ -127,10 +145,15 @@ def _pareto_chart(table: pd.DataFrame, front: list[Evaluation], scenario: Scenar
     """Cost against TTFT for every feasible candidate, the Pareto front and the TTFT SLO."""
     figure = go.Figure()
     feasible = table[table["feasible"]]
+    ttft = pd.to_numeric(feasible["ttft_at_percentile_s"], errors="coerce")
+    unknown = feasible[ttft.isna()]
+    feasible, ttft = feasible[ttft.notna()], ttft[ttft.notna()]
+    if len(unknown):
+        st.caption(f"Not drawn (no TTFT: no request completed): {', '.join(unknown['label'])}")
     figure.add_trace(
         go.Scatter(
             x=feasible["usd_per_hour"],
-            y=feasible["ttft_at_percentile_s"] * 1e3,
+            y=ttft * 1e3,
             mode="markers",
             text=feasible["label"],
             name="candidates",
@@ -139,7 +162,7 @@ def _pareto_chart(table: pd.DataFrame, front: list[Evaluation], scenario: Scenar
     figure.add_trace(
         go.Scatter(
             x=[e.usd_per_hour for e in front],
-            y=[(e.ttft_at_percentile_s or 0) * 1e3 for e in front],
+            y=[e.ttft_at_percentile_s * 1e3 for e in front if e.ttft_at_percentile_s is not None],
             mode="lines+markers",
             name="Pareto front",
         )
@@ -150,13 +173,24 @@ def _pareto_chart(table: pd.DataFrame, front: list[Evaluation], scenario: Scenar
 
 
 def _breaking_points(traffic: dict[str, Any], front: list[Evaluation]) -> None:
-    """On request, the load (× the scenario's rate) above which each Pareto candidate fails."""
-    if front and st.button("Find where the Pareto candidates break", key="plan_break"):
+    """On request, the load (× the scenario's rate) above which each Pareto candidate fails;
+    kept on screen until the traffic or the front changes."""
+    if not front:
+        return
+    key = repr((traffic, [e.candidate for e in front]))
+    if st.button("Find where the Pareto candidates break", key="plan_break"):
         rows = []
-        for evaluation in front:
-            scale = breaking_load(traffic, evaluation.candidate)
-            rows.append({"candidate": evaluation.candidate.label, "breaks above × rate": scale})
-        st.dataframe(pd.DataFrame(rows), key="plan_breaks")
+        try:
+            for evaluation in front:
+                scale = breaking_load(traffic, evaluation.candidate)
+                rows.append({"candidate": evaluation.candidate.label, "breaks above × rate": scale})
+        except ValueError as exc:  # an arrival without a finite rate to scale
+            st.error(str(exc))
+            return
+        st.session_state["plan_breaks_result"] = (key, rows)
+    kept = st.session_state.get("plan_breaks_result")
+    if kept is not None and kept[0] == key:
+        st.dataframe(pd.DataFrame(kept[1]), key="plan_breaks")
 
 
 def _export(data: dict[str, Any], best: Evaluation) -> None:

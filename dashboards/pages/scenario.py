@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import hashlib
 import math
 from collections.abc import Callable
 from pathlib import Path
@@ -20,6 +21,9 @@ from dashboards.core import (
 )
 from dashboards.state import (
     current_scenario,
+    knob_key,
+    load_scenario,
+    pop_flash,
     save_scenario,
     scenario_data,
     set_scenario_data,
@@ -38,8 +42,8 @@ def _number(label: str, low: float, high: float, value: Any, key: str) -> Any:
         st.caption(f"{label}: {value!r} (outside {low}–{high}; edit it in YAML)")
         return value
     if integer:
-        return int(st.number_input(label, int(low), int(high), int(value), key=key))
-    return float(st.number_input(label, float(low), float(high), float(value), key=key))
+        return int(st.number_input(label, int(low), int(high), int(value), key=knob_key(key)))
+    return float(st.number_input(label, float(low), float(high), float(value), key=knob_key(key)))
 
 
 def _choice(label: str, options: list[Any], value: Any, key: str) -> Any:
@@ -48,7 +52,7 @@ def _choice(label: str, options: list[Any], value: Any, key: str) -> Any:
     if value not in options:
         st.caption(f"{label}: {value!r} (edit it in YAML)")
         return value
-    return st.selectbox(label, options, options.index(value), key=key)
+    return st.selectbox(label, options, options.index(value), key=knob_key(key))
 
 
 def _lengths(label: str, spec: dict[str, Any], key: str) -> dict[str, Any]:
@@ -63,6 +67,9 @@ def _lengths(label: str, spec: dict[str, Any], key: str) -> dict[str, Any]:
 
 def main() -> None:
     st.title("Scenario")
+    flash = pop_flash()
+    if flash:
+        st.success(flash)
     data = copy.deepcopy(scenario_data())
     _preset()
     tabs = st.tabs([label for label, _ in TABS])
@@ -78,8 +85,7 @@ def _preset() -> None:
     """Replace the scenario with a preset, on request."""
     choice = st.selectbox("Start from a preset", ["(keep current)", *presets()], key="preset")
     if choice != "(keep current)" and st.button("Load preset", key="load_preset"):
-        set_scenario_data(presets()[choice])
-        st.rerun()
+        load_scenario(presets()[choice], f"Loaded the preset {choice}.")
 
 
 def _model_and_gpu(data: dict[str, Any]) -> None:
@@ -107,7 +113,9 @@ def _arrival(workload: dict[str, Any]) -> None:
     arrival = workload.get("arrival", {})
     kinds = ["poisson", "gamma", "constant"]
     if arrival.get("type") in kinds:
-        kind = st.selectbox("Arrivals", kinds, kinds.index(arrival["type"]), key="arrival_type")
+        kind = st.selectbox(
+            "Arrivals", kinds, kinds.index(arrival["type"]), key=knob_key("arrival_type")
+        )
         old = arrival
         arrival = {"type": kind, "rate": old.get("rate", 1.0)}
         if kind == "gamma":
@@ -120,7 +128,7 @@ def _arrival(workload: dict[str, Any]) -> None:
         at_once = st.toggle(
             "All requests at once (rate ∞)",
             arrival["rate"] == math.inf,
-            key="rate_inf",
+            key=knob_key("rate_inf"),
             help="vllm bench serve --request-rate inf; with concurrent users, a closed loop",
         )
         if at_once:
@@ -184,10 +192,10 @@ def _engine(data: dict[str, Any]) -> None:
         "gpu_memory_utilization", 0.05, 1.0, engine.get("gpu_memory_utilization", 0.9), "gmu"
     )
     engine["enable_prefix_caching"] = st.toggle(
-        "Prefix caching", bool(engine.get("enable_prefix_caching", True)), key="caching"
+        "Prefix caching", bool(engine.get("enable_prefix_caching", True)), key=knob_key("caching")
     )
     engine["enable_chunked_prefill"] = st.toggle(
-        "Chunked prefill", bool(engine.get("enable_chunked_prefill", True)), key="chunked"
+        "Chunked prefill", bool(engine.get("enable_chunked_prefill", True)), key=knob_key("chunked")
     )
     batchings = ["continuous", "static", "dynamic"]
     engine["batching"] = _choice(
@@ -219,11 +227,11 @@ def _fleet(data: dict[str, Any]) -> None:
 
 def _autoscaling(fleet: dict[str, Any]) -> None:
     """The HPA's knobs while it is on; turning it off removes the section."""
-    scaling = st.toggle("Autoscale (Kubernetes HPA)", "autoscaling" in fleet, key="hpa")
+    scaling = st.toggle("Autoscale (Kubernetes HPA)", "autoscaling" in fleet, key=knob_key("hpa"))
     if scaling:
         hpa = fleet.get("autoscaling") or {"target": 500}
         hpa["target"] = _number(
-            "Target p90 TTFT (ms)", 1.0, 1e6, float(hpa.get("target", 500)), "hpa_target"
+            _hpa_target_label(hpa), 0.001, 1e6, float(hpa.get("target", 500)), "hpa_target"
         )
         hpa["max_replicas"] = _number(
             "Max replicas", 1, 512, hpa.get("max_replicas", 10), "hpa_max"
@@ -231,6 +239,22 @@ def _autoscaling(fleet: dict[str, Any]) -> None:
         fleet["autoscaling"] = hpa
     else:
         fleet.pop("autoscaling", None)
+
+
+#: What an HPA target means for each metric the autoscaler follows (sim/scenario AutoscalingSpec).
+HPA_TARGETS = {
+    "ttft_ms": "p{percentile:g} TTFT (ms)",
+    "waiting_per_replica": "waiting requests per replica",
+    "running_per_replica": "running requests per replica",
+    "kv_usage": "KV cache usage (0–1)",
+}
+
+
+def _hpa_target_label(hpa: dict[str, Any]) -> str:
+    """The target's label for the HPA's own metric (and percentile, for TTFT)."""
+    metric = hpa.get("metric", "ttft_ms")
+    template = HPA_TARGETS.get(metric, metric)
+    return "Target " + template.format(percentile=float(hpa.get("percentile", 90)))
 
 
 def _slo_and_cost(data: dict[str, Any]) -> None:
@@ -243,11 +267,35 @@ def _slo_and_cost(data: dict[str, Any]) -> None:
     else:
         slo.pop("e2e_s", None)
     slo["percentile"] = _number("At percentile", 1.0, 100.0, slo.get("percentile", 90), "slo_pct")
-    price = st.number_input(
-        "Price per GPU-hour (USD, 0 = catalogue default)", 0.0, 1000.0, 0.0, key="price"
+    _price(data)
+
+
+def _price(data: dict[str, Any]) -> None:
+    """The scenario GPU's price per hour: shown from the scenario's own ``cost`` section, so
+    a rerun or a visit to another page keeps it; 0 drops the override (the catalogue's)."""
+    gpu = data.get("gpu")
+    if not isinstance(gpu, str):
+        st.caption("Price per GPU-hour: a custom GPU's price is set in YAML (cost.gpu_hour_usd)")
+        return
+    prices = dict(data.get("cost", {}).get("gpu_hour_usd", {}))
+    price = _number(
+        "Price per GPU-hour (USD, 0 = catalogue default)",
+        0.0,
+        1_000.0,
+        float(prices.get(gpu, 0.0)),
+        "price",
     )
-    if price > 0 and isinstance(data.get("gpu"), str):
-        data["cost"] = {"gpu_hour_usd": {data["gpu"]: price}}
+    if price > 0:
+        prices[gpu] = price
+    else:
+        prices.pop(gpu, None)
+    cost = {k: v for k, v in data.get("cost", {}).items() if k != "gpu_hour_usd"}
+    if prices:
+        cost["gpu_hour_usd"] = prices
+    if cost:
+        data["cost"] = cost
+    else:
+        data.pop("cost", None)
 
 
 def _save_for_comparison(data: dict[str, Any]) -> None:
@@ -280,11 +328,11 @@ def _files(data: dict[str, Any]) -> None:
         parsed = parse_yaml_text(pasted, "pasted YAML")
         _accept(parsed.scenario, parsed.errors)
     uploaded = st.file_uploader("Load scenario YAML", type=["yaml", "yml"], key="yaml_upload")
-    if uploaded is not None:
+    if uploaded is not None and _first_sight("yaml_upload", uploaded.getvalue()):
         parsed = parse_upload(uploaded.getvalue(), "uploaded scenario")
         _accept(parsed.scenario, parsed.errors)
     trace = st.file_uploader("Replay a trace (CSV or JSONL)", type=["csv", "jsonl"], key="trace")
-    if trace is not None:
+    if trace is not None and _first_sight("trace", trace.getvalue()):
         path, error = store_trace(
             trace.getvalue(), Path(trace.name).suffix.lower(), upload_directory()
         )
@@ -298,12 +346,22 @@ def _files(data: dict[str, Any]) -> None:
             st.success("Trace loaded: the workload now replays it.")
 
 
+def _first_sight(uploader: str, content: bytes) -> bool:
+    """Whether this upload is new: a file stays in its uploader across reruns, and loading it
+    again on every rerun would undo each edit made since."""
+    key = f"{uploader}_seen"
+    digest = hashlib.sha256(content).hexdigest()
+    if st.session_state.get(key) == digest:
+        return False
+    st.session_state[key] = digest
+    return True
+
+
 def _accept(scenario: Any, errors: list[str]) -> None:
     if errors:
         st.error("Not loaded:\n\n" + "\n".join(f"- {e}" for e in errors))
         return
-    set_scenario_data(scenario.model_dump(mode="json", exclude_none=True))
-    st.success("Loaded.")
+    load_scenario(scenario.model_dump(mode="json", exclude_none=True), "Loaded.")
 
 
 #: The page's tabs, in order: label and the function that renders the tab's knobs into the
