@@ -84,21 +84,35 @@ def vllm_serve_args(
     return args
 
 
-def dtype_args(dtype: str, kv_cache_dtype: str = "auto") -> tuple[str, list[str]]:
-    """vLLM's ``--dtype`` and extra flags for a scenario's ``dtype`` and ``kv_cache_dtype``.
+#: vLLM's ``--quantization`` for checkpoints quantized ahead of time, by weight dtype: int4 as
+#: AWQ (the Marlin kernel vLLM picks for AWQ checkpoints on GPUs), int8 as llm-compressor's
+#: compressed-tensors (W8A8 or W8A16). The checkpoint must be quantized that way: vLLM refuses
+#: one that is not, rather than serving 16-bit weights the plan did not simulate.
+PREQUANTIZED = {"int4": "awq_marlin", "int8": "compressed-tensors"}
+
+
+def dtype_args(
+    dtype: str, kv_cache_dtype: str = "auto", quantization: str = "auto"
+) -> tuple[str, list[str]]:
+    """vLLM's ``--dtype`` and extra flags for a scenario's ``dtype``, ``kv_cache_dtype`` and
+    ``quantization`` method.
 
     fp8 weights are vLLM's dynamic fp8 quantization of a 16-bit checkpoint; int8 and int4 need a
-    quantized checkpoint (AWQ, GPTQ, …) whose method vLLM reads from the model itself.
+    quantized checkpoint (PREQUANTIZED), or bitsandbytes' on-the-fly quantization.
     """
     extra: list[str] = []
     match dtype:
-        case "bf16" | "int8" | "int4":
+        case "bf16":
             torch_dtype = "bfloat16"
         case "fp16":
             torch_dtype = "float16"
         case "fp8":
             torch_dtype = "bfloat16"
             extra += ["--quantization", "fp8"]
+        case "int8" | "int4":
+            torch_dtype = "bfloat16"
+            method = "bitsandbytes" if quantization == "bitsandbytes" else PREQUANTIZED[dtype]
+            extra += ["--quantization", method]
         case _:
             raise ValueError(f"dtype: vLLM has no setting for {dtype!r}")
     if kv_cache_dtype == "fp8":
@@ -108,10 +122,8 @@ def dtype_args(dtype: str, kv_cache_dtype: str = "auto") -> tuple[str, list[str]
 
 def scenario_dtype_args(scenario: Scenario) -> tuple[str, list[str]]:
     """``--dtype`` and the scenario-level flags beyond the engine section: weight and KV-cache
-    dtypes, bitsandbytes quantization and pipeline parallelism."""
-    torch_dtype, extra = dtype_args(scenario.dtype, scenario.kv_cache_dtype)
-    if scenario.quantization == "bitsandbytes":
-        extra += ["--quantization", "bitsandbytes"]
+    dtypes, their quantization method and pipeline parallelism."""
+    torch_dtype, extra = dtype_args(scenario.dtype, scenario.kv_cache_dtype, scenario.quantization)
     if scenario.engine.pipeline_parallel_size > 1:
         extra += ["--pipeline-parallel-size", str(scenario.engine.pipeline_parallel_size)]
     return torch_dtype, extra

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import shlex
 import shutil
 import subprocess
@@ -10,8 +11,15 @@ from pathlib import Path
 import pytest
 import yaml
 
-from sim.planning.export import kubernetes_manifests, vllm_serve_command
-from sim.scenario import load_scenario, parse_scenario
+from sim.catalog.hardware import GPU_CATALOG
+from sim.planning.export import (
+    DEFAULT_VLLM_VERSION,
+    GPU_PRODUCT_LABEL,
+    GPU_PRODUCTS,
+    kubernetes_manifests,
+    vllm_serve_command,
+)
+from sim.scenario import Scenario, load_scenario, parse_scenario
 from tests.factories import scenario_dict
 
 REPO = Path(__file__).parents[1]
@@ -53,7 +61,7 @@ def test_manifests_for_an_autoscaled_fleet() -> None:
     assert container["args"][:2] == ["--model", "meta-llama/Llama-3.1-8B"]
     labels = deployment["spec"]["selector"]["matchLabels"]
     assert deployment["spec"]["template"]["metadata"]["labels"] == labels
-    assert service["spec"]["selector"] == labels
+    assert service["spec"]["selector"].items() <= labels.items()
     spec = hpa["spec"]
     assert (spec["minReplicas"], spec["maxReplicas"]) == (1, 6)
     assert spec["scaleTargetRef"] == {
@@ -142,3 +150,145 @@ def test_the_live_launcher_starts_what_the_export_prints(tmp_path: Path) -> None
     # --gpu-memory-utilization) and in where it listens.
     platform = {flag for flag, _ in pairs(exported) ^ pairs(launched)}
     assert platform <= {"--gpu-memory-utilization", "--enforce-eager", "--host", "--port"}
+
+
+def manifests(scenario: Scenario) -> list[dict]:
+    """The scenario's manifests, each checked against the Kubernetes OpenAPI schema."""
+    kubernetes_validate = pytest.importorskip("kubernetes_validate")
+    documents = list(yaml.safe_load_all(kubernetes_manifests(scenario)))
+    for document in documents:
+        # strict: an unknown field (a typo) is an error, as `kubectl apply` would say.
+        kubernetes_validate.validate(document, "1.37.0", strict=True)
+    return documents
+
+
+def flags(args: list[str]) -> dict[str, str]:
+    return {
+        word: args[i + 1] if i + 1 < len(args) and not args[i + 1].startswith("--") else ""
+        for i, word in enumerate(args)
+        if word.startswith("--")
+    }
+
+
+def container(deployment: dict) -> dict:
+    return deployment["spec"]["template"]["spec"]["containers"][0]
+
+
+def test_every_example_scenario_exports_valid_manifests() -> None:
+    for path in sorted((REPO / "scenarios").glob("*.yaml")):
+        scenario = load_scenario(path)
+        if scenario.engine.batching != "continuous":
+            continue  # a vLLM server only batches continuously; the exporter refuses
+        assert manifests(scenario), path
+
+
+def test_a_schema_error_is_caught() -> None:
+    """The schema check can fail: a wrong type in a Deployment is reported."""
+    kubernetes_validate = pytest.importorskip("kubernetes_validate")
+    deployment = manifests(parse_scenario(scenario_dict()))[0]
+    deployment["spec"]["replicas"] = "two"
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(deployment, "1.37.0", strict=True)
+
+
+def test_a_disaggregated_plan_is_a_prefill_and_a_decode_deployment() -> None:
+    scenario = parse_scenario(
+        scenario_dict(
+            name="pd",
+            fleet={
+                "disaggregation": {
+                    "prefill": {"replicas": 2, "gpu": "h200", "tensor_parallel_size": 2},
+                    "decode": {"replicas": 3},
+                }
+            },
+        )
+    )
+    documents = manifests(scenario)
+    assert [(d["kind"], d["metadata"]["name"]) for d in documents] == [
+        ("Deployment", "pd-prefill"),
+        ("Deployment", "pd-decode"),
+        ("Service", "pd-prefill"),
+        ("Service", "pd-decode"),
+    ]
+    prefill, decode, prefill_service, decode_service = documents
+    assert (prefill["spec"]["replicas"], decode["spec"]["replicas"]) == (2, 3)
+    assert container(prefill)["resources"]["limits"]["nvidia.com/gpu"] == 2
+    assert container(decode)["resources"]["requests"]["nvidia.com/gpu"] == 1
+    assert flags(container(prefill)["args"])["--tensor-parallel-size"] == "2"
+    for deployment in (prefill, decode):
+        config = json.loads(flags(container(deployment)["args"])["--kv-transfer-config"])
+        assert config["kv_connector"] == "NixlConnector"
+    selector = prefill["spec"]["template"]["spec"]["nodeSelector"]
+    assert selector == {GPU_PRODUCT_LABEL: "NVIDIA-H200"}
+    assert decode["spec"]["template"]["spec"]["nodeSelector"][GPU_PRODUCT_LABEL] == (
+        "NVIDIA-H100-80GB-HBM3"
+    )
+    # Each Service reaches its own pool only.
+    assert prefill_service["spec"]["selector"] == prefill["spec"]["selector"]["matchLabels"]
+    assert decode_service["spec"]["selector"] == decode["spec"]["selector"]["matchLabels"]
+    lines = vllm_serve_command(scenario).splitlines()
+    assert [line.split(":")[0] for line in lines[::2]] == [
+        "# prefill pool-prefill",
+        "# decode pool-decode",
+    ]
+
+
+def test_mixed_pools_are_one_deployment_each_behind_one_service() -> None:
+    scenario = parse_scenario(
+        scenario_dict(
+            name="mixed",
+            fleet={"pools": [{"replicas": 1, "gpu": "a100-80gb-sxm"}, {"replicas": 2}]},
+        )
+    )
+    *deployments, service = manifests(scenario)
+    assert [d["metadata"]["name"] for d in deployments] == ["mixed-pool-0", "mixed-pool-1"]
+    products = [d["spec"]["template"]["spec"]["nodeSelector"] for d in deployments]
+    assert products == [
+        {GPU_PRODUCT_LABEL: "NVIDIA-A100-SXM4-80GB"},
+        {GPU_PRODUCT_LABEL: "NVIDIA-H100-80GB-HBM3"},
+    ]
+    for deployment in deployments:
+        assert (
+            service["spec"]["selector"].items()
+            <= deployment["spec"]["selector"]["matchLabels"].items()
+        )
+
+
+def test_quantized_weights_export_their_quantization() -> None:
+    def exported(**fields: object) -> tuple[str, dict[str, str]]:
+        words = shlex.split(vllm_serve_command(parse_scenario(scenario_dict(**fields))))
+        return words[2], flags(words)
+
+    model, int4 = exported(dtype="int4")
+    assert int4["--quantization"] == "awq_marlin"
+    assert model == "hugging-quants/Meta-Llama-3.1-8B-Instruct-AWQ-INT4"
+    _, int8 = exported(dtype="int8")
+    assert int8["--quantization"] == "compressed-tensors"
+    _, nf4 = exported(dtype="int4", quantization="bitsandbytes")
+    assert nf4["--quantization"] == "bitsandbytes"
+    model, bf16 = exported()
+    assert "--quantization" not in bf16 and model == "meta-llama/Llama-3.1-8B"
+
+
+def test_the_image_is_pinned_to_the_plans_vllm_version() -> None:
+    default = manifests(parse_scenario(scenario_dict()))[0]
+    assert container(default)["image"] == f"vllm/vllm-openai:v{DEFAULT_VLLM_VERSION}"
+    pinned = manifests(parse_scenario(scenario_dict(engine={"vllm_version": "0.11.0"})))[0]
+    assert container(pinned)["image"] == "vllm/vllm-openai:v0.11.0"
+
+
+def test_every_catalogue_gpu_has_a_node_label_and_a_custom_one_says_so() -> None:
+    assert set(GPU_PRODUCTS) == set(GPU_CATALOG)
+    custom = parse_scenario(
+        scenario_dict(
+            gpu={
+                "name": "mi300x",
+                "memory_gb": 192,
+                "memory_bandwidth_tb_s": 5.3,
+                "bf16_tflops": 1307,
+            }
+        )
+    )
+    deployment = manifests(custom)[0]
+    assert "nodeSelector" not in deployment["spec"]["template"]["spec"]
+    assert "nodeSelector" in deployment["metadata"]["annotations"]["servesim/gpu"]
