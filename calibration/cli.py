@@ -226,9 +226,10 @@ def _calibrate_from_records(
         highlight=False,
     )
     try:
-        coefficients, report, how = fit_scenario_to_records(
-            scenario, frame, initial, max_evaluations=max_simulations
-        )
+        with progress("fitting: simulations") as update:
+            coefficients, report, how = fit_scenario_to_records(
+                scenario, frame, initial, max_evaluations=max_simulations, progress=update
+            )
     except ValueError as exc:
         fail(f"--records: {exc}")
     profile = fitted_profile(
@@ -372,7 +373,9 @@ def validate(
         update={"latency": ProfileLatencySpec(type="profile", path=str(profile))}
     )
     try:
-        simulated = build(scenario).run()
+        simulation = build(scenario)
+        with progress("simulating", len(simulation.requests)) as update:
+            simulated = simulation.run(progress=update)
     except ValueError as exc:
         fail(str(exc))
     out.mkdir(parents=True, exist_ok=True)
@@ -383,7 +386,10 @@ def validate(
     ):
         # A fresh salt: the live half must not hit what an earlier run left in the cache.
         tokens = PromptTokens(vocab, salt=fresh_salt())
-        live = run_live(scenario, Target(base_url, served), tokens, out_dir=out)
+        with progress("live requests", len(simulated.records)) as update:
+            live = run_live(
+                scenario, Target(base_url, served), tokens, out_dir=out, progress=update
+            )
     server = None
     if live.metrics is not None and live.metrics.ttft.count:
         frontend = load_profile(profile).coefficients.frontend_overhead_s

@@ -216,9 +216,11 @@ def fit_scenario_to_records(
     initial: CalibratedCoefficients,
     *,
     max_evaluations: int = 60,
+    progress: Callable[[int, int], None] | None = None,
 ) -> tuple[CalibratedCoefficients, FitReport, str]:
     """Coefficients under which the scenario's simulator reproduces ``records`` (see the module
-    docstring), the fit report, and which requests were replayed."""
+    docstring), the fit report, and which requests were replayed. ``progress(done, total)``
+    counts the simulations against the most the fit may run (it may stop sooner)."""
     requests, how = replay_requests(scenario, records)
     initial = dataclasses.replace(
         initial,
@@ -229,8 +231,16 @@ def fit_scenario_to_records(
         per_decode_seq_s=max(initial.per_decode_seq_s, initial.step_overhead_s / 200),
     )
 
+    done = 0
+    most = len(SCALES) + max_evaluations
+
     def simulate(coefficients: CalibratedCoefficients) -> pd.DataFrame:
-        return build(scenario, requests=requests, coefficients=coefficients).run().records
+        nonlocal done
+        result = build(scenario, requests=requests, coefficients=coefficients).run().records
+        done += 1
+        if progress is not None:
+            progress(min(done, most), most)
+        return result
 
     scale, scale_error = _best_scale(records, simulate, initial)
     coefficients, report = fit_from_records(

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 from rich.markup import escape
 
-from sim.console import fail, load_or_exit, milliseconds, stderr
+from sim.console import fail, load_or_exit, milliseconds, progress, stderr
 from sim.files import DocumentError, read_document
 from sim.scenario import Scenario
 
@@ -295,15 +295,17 @@ def _replay_on_server(
         ) as (base, served, vocab):
             target = Target(base, served, server.endpoint)  # type: ignore[arg-type]
             stderr.print(f"replaying {scenario.name} against {target.base_url}", highlight=False)
-            return run_live(
-                scenario,
-                target,
-                PromptTokens(vocab, salt=salt),
-                out_dir=out,
-                options=options,
-                requests=requests,
-                resume_from=resume_from,
-            )
+            with progress("live requests", len(requests)) as update:
+                return run_live(
+                    scenario,
+                    target,
+                    PromptTokens(vocab, salt=salt),
+                    out_dir=out,
+                    options=options,
+                    requests=requests,
+                    resume_from=resume_from,
+                    progress=update,
+                )
     except ReplayError as exc:
         fail(str(exc))
     except KeyboardInterrupt:

@@ -134,6 +134,7 @@ class _Replay:
         sink: IO[str] | None,
         clock: Callable[[], float],
         kept: dict[int, Record] | None = None,
+        progress: Callable[[int, int], None] | None = None,
     ) -> None:
         self.requests = sorted(requests, key=lambda r: r.request_id)
         self.kept = dict(kept or {})
@@ -143,6 +144,7 @@ class _Replay:
         self.options = options
         self.sink = sink
         self.clock = clock
+        self.progress = progress
         self.records: dict[int, Record] = dict(self.kept)
         self.lags: list[float] = []
         self.outputs: dict[int, list[int]] = {}  # output source id -> generated token ids
@@ -166,6 +168,8 @@ class _Replay:
                 row["token_times_s"] = record.token_times_s
             self.sink.write(json.dumps(row, allow_nan=True) + "\n")
             self.sink.flush()
+        if self.progress is not None:
+            self.progress(len(self.records), len(self.requests))
         if len(self.records) == len(self.requests):
             self.done.set()
 
@@ -358,11 +362,14 @@ async def replay(
     after_warmup: Callable[[], None] | None = None,
     clock: Callable[[], float] = time.perf_counter,
     resume_from: RecordsFile | None = None,
+    progress: Callable[[int, int], None] | None = None,
 ) -> ReplayResult:
     """Send ``requests`` to ``target`` on their schedule and record every one of them.
 
     ``after_warmup`` runs once the warm-up requests are done, just before the measured part
     (e.g. to scrape ``/metrics``). Cancelling this coroutine (Ctrl-C) still writes every record.
+    ``progress(done, total)`` is called as each request ends (records kept from an earlier run
+    count as done).
 
     ``resume_from`` (see :func:`read_records`) resumes an interrupted run: records with a status
     in :data:`KEPT_STATUSES` are kept as they are and their requests not sent; every other
@@ -379,7 +386,7 @@ async def replay(
     if records_path is not None and resume_from is not None:
         rewrite_records(records_path, [resume_from.lines_by_id[i] for i in sorted(kept)])
     sink = records_path.open("a", encoding="utf-8") if records_path is not None else None
-    state = _Replay(requests, target, tokens, options, sink, clock, kept)
+    state = _Replay(requests, target, tokens, options, sink, clock, kept, progress)
     interrupted = False
     reason = ""
     try:

@@ -12,7 +12,7 @@ import asyncio
 import hashlib
 import json
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
@@ -207,6 +207,7 @@ def run_live(
     options: ReplayOptions | None = None,
     requests: list[Request] | None = None,
     resume_from: RecordsFile | None = None,
+    progress: Callable[[int, int], None] | None = None,
 ) -> LiveResult:
     """Replay the scenario's workload (the same requests ``servesim run`` simulates).
 
@@ -215,7 +216,8 @@ def run_live(
     ``out_dir`` and writes ``records.meta.json``; ``resume_from`` (from :func:`read_resume`)
     resumes the interrupted run whose records are there instead: ``ok`` and ``rejected`` records
     are kept and the rest sent again (see :func:`live.replay.replay`). The server's ``/metrics``
-    deltas then cover the resumed part only.
+    deltas then cover the resumed part only. ``progress(done, total)`` follows the requests
+    as they end.
     """
     out_dir.mkdir(parents=True, exist_ok=True)
     requests = scenario_requests(scenario) if requests is None else requests
@@ -255,6 +257,7 @@ def run_live(
             options=options,
             after_warmup=scrape_before,
             resume_from=resume_from,
+            progress=progress,
         )
     )
     delta: MetricsDelta | None = None

@@ -213,9 +213,10 @@ def run(
         from sim.planning.sweep import replications
 
         try:
-            result.summary["replications"] = replications(
-                scenario.model_dump(mode="json"), num_replications
-            )
+            with progress("replications", num_replications, disable=as_json) as update:
+                result.summary["replications"] = replications(
+                    scenario.model_dump(mode="json"), num_replications, progress=update
+                )
         except ValueError as exc:
             fail(str(exc))
     if as_json:

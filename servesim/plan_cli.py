@@ -183,8 +183,11 @@ def plan(
     front = planner.pareto_front(evaluations)
     breaks: dict[str, float | None] = {}
     if breaking_load:
-        for evaluation in front:
-            breaks[evaluation.candidate.label] = planner.breaking_load(data, evaluation.candidate)
+        with progress("breaking loads", len(front)) as update:
+            for done, evaluation in enumerate(front, 1):
+                label = evaluation.candidate.label
+                breaks[label] = planner.breaking_load(data, evaluation.candidate)
+                update(done, detail=label)
     best = planner.cheapest(evaluations)
     document = planner.plan_document(scenario.name, data, evaluations, front, breaks, best)
     if out is not None:

@@ -189,3 +189,24 @@ def test_records_without_send_times_are_not_fitted_as_a_burst_unless_asked(
     )  # fmt: skip
     assert forced.returncode == 0, forced.stderr
     assert Path(out).exists()
+
+
+def test_the_fit_reports_its_simulations_against_the_most_it_may_run(
+    measured: tuple[Path, Path],
+) -> None:
+    from calibration.records import SCALES, fit_scenario_to_records
+
+    scenario_path, run_dir = measured
+    scenario = parse_scenario(yaml.safe_load(scenario_path.read_text()))
+    calls: list[tuple[int, int]] = []
+    fit_scenario_to_records(
+        scenario,
+        read_records(run_dir),
+        TRUTH,
+        max_evaluations=2,
+        progress=lambda done, total: calls.append((done, total)),
+    )
+    most = len(SCALES) + 2
+    assert calls[: len(SCALES)] == [(done, most) for done in range(1, len(SCALES) + 1)]
+    assert all(total == most and done <= most for done, total in calls)
+    assert [done for done, _ in calls] == sorted(done for done, _ in calls)

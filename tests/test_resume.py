@@ -399,3 +399,31 @@ def test_a_resumed_run_sends_its_prompts_with_the_salt_it_started_with(tmp_path:
     assert _prompt_salt_or_exit(5, None) == 5
     fresh = {_prompt_salt_or_exit(None, None) for _ in range(5)}
     assert len(fresh) == 5 and min(fresh) > 0
+
+
+def test_progress_counts_each_request_as_it_ends(server: FaultServer, tmp_path: Path) -> None:
+    """The live run's progress bar: one call per ended request, kept ones counted as done."""
+    scenario = make_scenario(12)
+    calls: list[tuple[int, int]] = []
+    run_live(
+        scenario,
+        Target(server.url("normal"), "tiny"),
+        PromptTokens(VOCAB),
+        out_dir=tmp_path / "a",
+        options=OPTIONS,
+        progress=lambda done, total: calls.append((done, total)),
+    )
+    assert calls == [(done, 12) for done in range(1, 13)]
+    write_records(tmp_path / "b", scenario, {0: RequestStatus.OK, 1: RequestStatus.ERROR})
+    calls.clear()
+    requests = scenario_requests(scenario)
+    run_live(
+        scenario,
+        Target(server.url("normal"), "tiny"),
+        PromptTokens(VOCAB),
+        out_dir=tmp_path / "b",
+        options=OPTIONS,
+        resume_from=read_resume(tmp_path / "b", scenario, requests),
+        progress=lambda done, total: calls.append((done, total)),
+    )
+    assert calls == [(done, 12) for done in range(2, 13)]

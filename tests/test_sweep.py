@@ -235,3 +235,20 @@ def test_bad_plan_flags_exit_2_naming_the_flag(
     scenario.write_text(yaml.safe_dump(base()))
     result = plan_cli(str(scenario), "--gpus", "h100-sxm", "--tp", "1", *flags)
     assert result.returncode == 2 and message in result.stderr, result.stderr
+
+
+def test_replications_report_each_seed() -> None:
+    from sim.planning.sweep import replications
+
+    data = scenario_dict(
+        workload={
+            "arrival": {"type": "poisson", "rate": 5},
+            "prompt_tokens": {"type": "constant", "value": 100},
+            "output_tokens": {"type": "constant", "value": 10},
+            "num_requests": 20,
+        }
+    )
+    calls: list[tuple[int, int]] = []
+    result = replications(data, 3, workers=1, progress=lambda d, t: calls.append((d, t)))
+    assert calls == [(1, 3), (2, 3), (3, 3)]
+    assert result["seeds"] == [data["seed"] + i for i in range(3)]

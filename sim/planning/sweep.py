@@ -239,16 +239,22 @@ def confidence_intervals(table: pd.DataFrame, level: float = 0.95) -> pd.DataFra
 
 
 def replications(
-    base: dict[str, Any], num_seeds: int, *, workers: int = 2, level: float = 0.95
+    base: dict[str, Any],
+    num_seeds: int,
+    *,
+    workers: int = 2,
+    level: float = 0.95,
+    progress: Callable[[int, int], None] | None = None,
 ) -> dict[str, Any]:
     """The scenario ``base`` run with ``num_seeds`` consecutive seeds from its own: per metric
     of :data:`METRICS`, the mean over the seeds and the half-width of its Student-t ``level``
-    interval. Raises ValueError if a replication cannot run."""
+    interval; ``progress(done, total)`` after each seed. Raises ValueError if a replication
+    cannot run."""
     if num_seeds < 2:
         raise ValueError(f"replications: need at least 2 seeds for an interval, got {num_seeds}")
     first = int(base.get("seed", 0))
     sweep = Sweep(base, tuple(Run((), first + i) for i in range(num_seeds)), ())
-    table = run_sweep(sweep, workers=workers)
+    table = run_sweep(sweep, workers=workers, progress=progress)
     failed = table[table["error"] != ""]
     if not failed.empty:
         raise ValueError(f"seed {failed['seed'].iloc[0]}: {failed['error'].iloc[0]}")
