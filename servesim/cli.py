@@ -196,6 +196,18 @@ def run(
         file_format: Literal["parquet", "csv"] = "csv" if fmt == "csv" else "parquet"
 
         written = result.write(out, file_format)
+        from sim.report.html import run_report
+
+        written.append(
+            run_report(
+                Path(out) / "report.html",
+                scenario.name,
+                result.records,
+                result.timeseries,
+                result.summary,
+                scenario.slo.model_dump(),
+            )
+        )
         if scenario.output.prometheus:
             from sim.report.prometheus import openmetrics_backfill, write_backfill
 

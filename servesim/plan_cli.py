@@ -57,6 +57,10 @@ def sweep(
         for c in intervals.columns
         if not c.startswith(("replications",)) and c not in _metric_columns(intervals)
     ]
+    from sim.report.html import sweep_report
+
+    report = sweep_report(out.with_suffix(".html"), intervals, parameters)
+    stderr.print(f"wrote {report}", highlight=False)
     for column in [*parameters, "n", "TTFT p90 (ms)", "TPOT p90 (ms)", "tok/s", "SLO att."]:
         view.add_column(column, justify="right")
     for _, row in intervals.iterrows():
@@ -191,7 +195,10 @@ def plan(
     best = planner.cheapest(evaluations)
     document = planner.plan_document(scenario.name, data, evaluations, front, breaks, best)
     if out is not None:
+        from sim.report.html import plan_report
+
         planner.write_plan(document, out)
+        plan_report(out / "report.html", document)
     if json_out:
         print(json.dumps(document, indent=2, allow_nan=False))
         if best is None:

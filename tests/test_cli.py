@@ -44,6 +44,8 @@ def test_run_json_and_out(tmp_path: Path) -> None:
     assert summary["requests"]["total"] == 50
     assert json.loads((out / "summary.json").read_text()) == summary
     assert (out / "records.csv").exists() and (out / "timeseries.csv").exists()
+    report = (out / "report.html").read_text()
+    assert report.count('class="plotly-graph-div"') == 2  # latency CDFs, fleet over time
 
 
 def test_bad_scenario_exits_2_with_one_line_per_problem_and_no_traceback(tmp_path: Path) -> None:

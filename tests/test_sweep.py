@@ -149,6 +149,7 @@ def test_the_sweep_command(tmp_path: Path) -> None:
     written = pd.read_parquet(out)
     assert list(written["dtype"]) == ["bf16", "bf16", "fp8", "fp8"]
     assert "TTFT p90" in result.stdout and "±" in result.stdout
+    assert 'class="plotly-graph-div"' in out.with_suffix(".html").read_text()
     bad = tmp_path / "bad.yaml"
     bad.write_text("base: s.yaml\n")
     refused = subprocess.run(
@@ -218,6 +219,7 @@ def test_plan_takes_slos_and_rate_on_the_command_line_and_writes_json(tmp_path: 
     ]
     assert json.loads((out / "plan.json").read_text()) == document
     assert len(pd.read_csv(out / "candidates.csv")) == 2
+    assert "1× h100-sxm TP1 bf16" in (out / "report.html").read_text()
 
 
 @pytest.mark.parametrize(
