@@ -261,6 +261,11 @@ def _calibrate_from_torch(scenario: Scenario, operators: str, device: str, out: 
     from calibration.operators import check_tables_match, profile_operators, read_tables
 
     model = scenario.resolve_model()
+    if model.is_moe:
+        fail(
+            f"--operators: {model.name} is a mixture of experts, and the operator profiler times "
+            "a dense MLP; calibrate it against a live server (--url or --launch) instead"
+        )
     tp = scenario.engine.tensor_parallel_size
     try:
         if operators == "torch":

@@ -327,6 +327,12 @@ def inspect(
     facts.add_column("what")
     facts.add_column("value", justify="right")
     facts.add_row("parameters", f"{arch.num_params / 1e9:.2f} B")
+    if arch.is_moe:
+        facts.add_row(
+            "active per token",
+            f"{arch.num_active_params / 1e9:.2f} B ({arch.num_experts_per_token} of "
+            f"{arch.num_experts} experts)",
+        )
     facts.add_row("weights per GPU", f"{plan.weight_bytes / 1e9:.2f} GB")
     facts.add_row("KV bytes per token (whole model)", f"{arch.kv_bytes_per_token(kv):,.0f}")
     facts.add_row("KV bytes per token per GPU", f"{plan.kv_bytes_per_token:,.0f}")
@@ -397,7 +403,8 @@ def catalog() -> None:
     for key, arch in MODEL_CATALOG.items():
         models.add_row(
             key,
-            f"{arch.num_params / 1e9:.2f}",
+            f"{arch.num_params / 1e9:.2f}"
+            + (f" ({arch.num_active_params / 1e9:.1f} active)" if arch.is_moe else ""),
             str(arch.num_layers),
             str(arch.hidden_size),
             f"{arch.num_attention_heads}/{arch.num_key_value_heads}",

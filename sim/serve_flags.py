@@ -65,6 +65,8 @@ def vllm_serve_args(
         # Usage then reports cached prompt tokens per request, as the simulator records them.
         "--enable-prompt-tokens-details",
     ]
+    if engine.enable_expert_parallel:
+        args.append("--enable-expert-parallel")
     if cpu and engine.block_size % CPU_BLOCK_SIZE_MULTIPLE:
         raise ValueError(
             f"engine.block_size: vLLM's CPU backend needs a multiple of "

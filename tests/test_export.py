@@ -292,3 +292,13 @@ def test_every_catalogue_gpu_has_a_node_label_and_a_custom_one_says_so() -> None
     deployment = manifests(custom)[0]
     assert "nodeSelector" not in deployment["spec"]["template"]["spec"]
     assert "nodeSelector" in deployment["metadata"]["annotations"]["servesim/gpu"]
+
+
+def test_expert_parallel_reaches_the_serve_line() -> None:
+    scenario = parse_scenario(
+        scenario_dict(
+            model="qwen3-30b-a3b",
+            engine={"tensor_parallel_size": 2, "enable_expert_parallel": True},
+        )
+    )
+    assert "--enable-expert-parallel" in shlex.split(vllm_serve_command(scenario))

@@ -267,3 +267,66 @@ def test_decode_attention_matches_the_h100_kernel_benchmark(shared_data: Path) -
             assert per_layer == pytest.approx(float(row["latency_us"]) * 1e-6, rel=0.15), row
             checked += 1
     assert checked > 30
+
+
+# -- mixtures of experts ----------------------------------------------------------------------
+
+
+def _decode(batch: int, context: int = 512) -> BatchShape:
+    return BatchShape(
+        num_decode_seqs=batch, decode_context_tokens=batch * context, num_sampled=batch
+    )
+
+
+def test_a_moe_reads_the_experts_its_tokens_use() -> None:
+    """One token streams its k experts' weights; a large batch streams all of them: the linear
+    layers' time moves from the active to the total parameter count."""
+    arch = get_model("mixtral-8x7b")
+    h100 = get_gpu("h100-sxm")
+    model = RooflineModel(arch, h100, tensor_parallel_size=2)
+    bandwidth = h100.memory_bandwidth_bytes_per_s * RooflineParams().bandwidth_efficiency
+    non_expert = arch.dense_linear_params * 2 / 2 / bandwidth
+    per_expert = arch.expert_params * arch.num_moe_layers * 2 / 2 / bandwidth
+    assert model.linear_time(1) == pytest.approx(non_expert + 2 * per_expert)
+    assert model.linear_time(64) == pytest.approx(non_expert + 8 * per_expert, rel=1e-6)
+    # A dense model of the same total size reads everything even for one token.
+    assert model.linear_time(1) < arch.total_linear_params * 2 / 2 / bandwidth
+
+
+def test_a_moe_computes_only_its_active_experts() -> None:
+    arch = get_model("qwen3-30b-a3b")
+    h100 = get_gpu("h100-sxm")
+    model = RooflineModel(arch, h100)
+    tokens = 8192  # compute-bound: FLOPs of the active parameters only
+    rate = h100.tensor_flops("bf16") * RooflineParams().compute_efficiency
+    assert model.linear_time(tokens) == pytest.approx(2 * arch.active_linear_params * tokens / rate)
+
+
+def test_expert_parallel_trades_the_moe_all_reduce_for_all_to_alls() -> None:
+    h100 = get_gpu("h100-sxm")
+    moe = get_model("qwen3-30b-a3b")
+    sliced = RooflineModel(moe, h100, tensor_parallel_size=4)
+    spread = RooflineModel(moe, h100, tensor_parallel_size=4, expert_parallel=True)
+    # k = 8 experts per token: the all-to-alls move more than the all-reduce they replace.
+    assert spread.communication_time(256) > sliced.communication_time(256)
+    assert spread.linear_time(256) == sliced.linear_time(256)
+    dense = get_model("llama-3.1-8b")
+    assert RooflineModel(dense, h100, tensor_parallel_size=4, expert_parallel=True).step_time(
+        _decode(32)
+    ) == RooflineModel(dense, h100, tensor_parallel_size=4).step_time(_decode(32))
+
+
+def test_a_moe_needs_memory_for_every_expert() -> None:
+    mixtral = get_model("mixtral-8x7b")
+    h100 = get_gpu("h100-sxm")
+    knobs = {
+        "dtype": "bf16",
+        "kv_dtype": None,
+        "gpu_memory_utilization": 0.9,
+        "max_num_batched_tokens": 8192,
+        "block_size": 16,
+    }
+    with pytest.raises(ValueError):
+        plan_memory(mixtral, h100, tensor_parallel_size=1, **knobs)  # 93 GB of weights
+    plan = plan_memory(mixtral, h100, tensor_parallel_size=2, **knobs)
+    assert plan.weight_bytes == pytest.approx(mixtral.num_params * 2 / 2)

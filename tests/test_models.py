@@ -47,6 +47,20 @@ def _hf_config(arch: ModelArch) -> dict[str, Any]:
         "rms_norm_eps": 1e-5,
         "torch_dtype": "bfloat16",
     }
+    if arch.qk_norm:  # Qwen3-MoE's layout
+        config |= {
+            "model_type": "qwen3_moe",
+            "num_experts": arch.num_experts,
+            "num_experts_per_tok": arch.num_experts_per_token,
+            "moe_intermediate_size": arch.moe_intermediate_size,
+        }
+    elif arch.is_moe:  # Mixtral's: full-width experts
+        assert arch.moe_intermediate_size == arch.intermediate_size
+        config |= {
+            "model_type": "mixtral",
+            "num_local_experts": arch.num_experts,
+            "num_experts_per_tok": arch.num_experts_per_token,
+        }
     return config
 
 
@@ -68,6 +82,8 @@ def test_catalogue_keys() -> None:
         "qwen2.5-7b",
         "qwen2.5-32b",
         "qwen2.5-72b",
+        "mixtral-8x7b",
+        "qwen3-30b-a3b",
         "servesim-tiny-llama",
     ]
     assert all(arch.name == key for key, arch in MODEL_CATALOG.items())
@@ -264,11 +280,119 @@ def test_load_hf_config_missing_file(tmp_path: Path) -> None:
         load_hf_config(tmp_path / "nowhere" / "config.json")
 
 
-def test_load_hf_config_rejects_non_integer_and_moe(tmp_path: Path) -> None:
+def test_load_hf_config_rejects_non_integer_and_unmodelled_moe(tmp_path: Path) -> None:
     base = _hf_config(_arch())
     with pytest.raises(ValueError, match="'vocab_size' must be a positive integer, got '1000'"):
         load_hf_config(_write(tmp_path / "str", base | {"vocab_size": "1000"}))
-    with pytest.raises(ValueError, match="num_local_experts=8 marks a mixture-of-experts"):
-        load_hf_config(_write(tmp_path / "moe", base | {"num_local_experts": 8}))
+    latent = base | {"n_routed_experts": 64, "num_experts_per_tok": 6, "kv_lora_rank": 512}
+    with pytest.raises(ValueError, match="kv_lora_rank marks DeepSeek's multi-head latent"):
+        load_hf_config(_write(tmp_path / "mla", latent | {"moe_intermediate_size": 1408}))
+    sparse = base | {"num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 64}
+    with pytest.raises(ValueError, match="experts in only some layers"):
+        load_hf_config(_write(tmp_path / "sparse", sparse | {"decoder_sparse_step": 2}))
     with pytest.raises(ValueError, match="expected a JSON object"):
         load_hf_config(_write(tmp_path / "list", [1, 2]))  # type: ignore[arg-type]
+
+
+# -- mixtures of experts ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("name", "total", "active"),
+    [
+        # Mistral AI's model card: 46.7B parameters, 12.9B used per token; the exact total is
+        # the checkpoint's tensor count.
+        ("mixtral-8x7b", 46_702_792_704, 12.9e9),
+        # Qwen3's model card: 30.5B in total, 3.3B activated.
+        ("qwen3-30b-a3b", 30.5e9, 3.3e9),
+    ],
+)
+def test_moe_parameter_counts_match_the_model_cards(name: str, total: float, active: float) -> None:
+    arch = get_model(name)
+    assert arch.is_moe
+    assert arch.num_params == pytest.approx(total, rel=0.005)
+    assert arch.num_active_params == pytest.approx(active, rel=0.02)
+
+
+def test_a_dense_model_is_its_own_active_part() -> None:
+    arch = get_model("llama-3.1-8b")
+    assert not arch.is_moe and arch.num_moe_layers == 0
+    assert arch.num_active_params == arch.num_params
+    assert arch.active_linear_params == arch.total_linear_params == arch.dense_linear_params
+    assert arch.dense_linear_params == arch.num_layers * arch.linear_params_per_layer
+    assert arch.expected_distinct_experts(100) == 0.0
+
+
+def test_distinct_experts_grow_from_k_to_all() -> None:
+    arch = get_model("qwen3-30b-a3b")
+    counts = [arch.expected_distinct_experts(t) for t in (1, 2, 8, 64, 1024)]
+    assert counts[0] == pytest.approx(8.0)
+    assert counts == sorted(counts) and counts[-1] == pytest.approx(128.0)
+    # Two tokens: 8 each, overlapping by 8 * 8/128 = 0.5 on average.
+    assert counts[1] == pytest.approx(16 - 0.5)
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"num_experts": 4, "num_experts_per_token": 5, "moe_intermediate_size": 8}, "1..num_"),
+        ({"num_experts": 4, "num_experts_per_token": 2}, "moe_intermediate_size"),
+        ({"num_experts_per_token": 2}, "expert fields without num_experts"),
+        ({"num_experts": -1}, "num_experts must be an integer >= 0"),
+        (
+            {
+                "num_experts": 4,
+                "num_experts_per_token": 2,
+                "moe_intermediate_size": 8,
+                "num_dense_layers": 2,
+            },
+            "num_dense_layers",
+        ),
+    ],
+)
+def test_bad_expert_fields_are_named(fields: dict[str, Any], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        _arch(**fields)
+
+
+def test_moe_configs_load_in_each_layout(tmp_path: Path) -> None:
+    base = _hf_config(_arch())
+    mixtral = load_hf_config(
+        _write(
+            tmp_path / "mixtral",
+            base | {"model_type": "mixtral", "num_local_experts": 8, "num_experts_per_tok": 2},
+        )
+    )
+    assert (mixtral.num_experts, mixtral.num_experts_per_token) == (8, 2)
+    assert mixtral.moe_intermediate_size == mixtral.intermediate_size
+    qwen3 = load_hf_config(
+        _write(
+            tmp_path / "qwen3",
+            base
+            | {
+                "model_type": "qwen3_moe",
+                "num_experts": 16,
+                "num_experts_per_tok": 4,
+                "moe_intermediate_size": 32,
+                "decoder_sparse_step": 1,
+                "mlp_only_layers": [],
+            },
+        )
+    )
+    assert qwen3.qk_norm and qwen3.moe_intermediate_size == 32 and qwen3.num_dense_layers == 0
+    deepseek = load_hf_config(
+        _write(
+            tmp_path / "deepseek",
+            base
+            | {
+                "model_type": "deepseek",
+                "n_routed_experts": 16,
+                "n_shared_experts": 2,
+                "num_experts_per_tok": 4,
+                "moe_intermediate_size": 32,
+                "first_k_dense_replace": 1,
+            },
+        )
+    )
+    assert deepseek.shared_expert_intermediate_size == 64 and deepseek.num_dense_layers == 1
+    assert deepseek.num_moe_layers == deepseek.num_layers - 1

@@ -3,6 +3,7 @@ first stop reason wins, the deadline, the sampling interval's stretch, and cance
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import replace
 from typing import Any
 
@@ -124,3 +125,17 @@ def test_an_e2e_slo_is_judged_beside_ttft_and_tpot() -> None:
     tight = build(parse_scenario(data)).run().summary
     assert not tight["slo"]["met"] and tight["slo"]["e2e_target_s"] == e2e / 2
     assert tight["goodput"]["slo_attainment"] < 1.0
+
+
+def test_a_mixture_of_experts_simulates_from_the_catalogue_and_from_dimensions() -> None:
+    """A MoE scenario runs end to end; given by its dimensions it runs the same as the
+    catalogue entry it copies."""
+    from sim.catalog.models import get_model
+
+    catalogue = build(parse_scenario(scenario_dict(model="qwen3-30b-a3b"))).run()
+    assert catalogue.summary["requests"]["ok"] == catalogue.summary["requests"]["total"]
+    fields = dataclasses.asdict(get_model("qwen3-30b-a3b"))
+    for unsupported in ("attention_bias", "attention_output_bias"):  # not in a custom model
+        fields.pop(unsupported)
+    custom = build(parse_scenario(scenario_dict(model=fields))).run()
+    assert custom.summary["ttft_s"] == catalogue.summary["ttft_s"]

@@ -75,6 +75,7 @@ def make_latency_model(
         params=spec.params(),
         quantization=scenario.quantization,
         pipeline_parallel_size=scenario.engine.pipeline_parallel_size,
+        expert_parallel=scenario.engine.enable_expert_parallel,
     )
     return roofline, spec.frontend_overhead_s
 

@@ -22,15 +22,23 @@ from sim.catalog.hardware import bytes_per_element
 
 @dataclass(frozen=True, slots=True)
 class ModelArch:
-    """A dense decoder-only transformer (Llama-style: RMSNorm, GQA attention, gated SiLU MLP).
+    """A decoder-only transformer (Llama-style: RMSNorm, GQA attention, gated SiLU MLP), dense or
+    a mixture of experts.
 
     Each layer holds q/k/v/o projections (k and v sized by ``num_key_value_heads``), a gated MLP
     of three ``hidden_size × intermediate_size`` matrices and two RMSNorm weight vectors; the model
     adds the token embedding, a final norm and, unless ``tie_word_embeddings``, a separate LM head.
     ``attention_bias`` adds biases to q, k and v (as Qwen2 does); ``attention_output_bias`` also
-    to o (a Llama config with ``attention_bias: true`` biases all four). ``head_dim`` need not
-    equal ``hidden_size / num_attention_heads``. Invalid values raise ``ValueError`` naming the
-    field.
+    to o (a Llama config with ``attention_bias: true`` biases all four); ``qk_norm`` adds an
+    RMSNorm over each head's q and k (Qwen3). ``head_dim`` need not equal
+    ``hidden_size / num_attention_heads``.
+
+    A mixture of experts (``num_experts`` > 0, as Mixtral, Qwen-MoE and DeepSeek-MoE) replaces
+    the MLP of every layer after the first ``num_dense_layers`` by a router (``hidden_size ×
+    num_experts``), ``num_experts`` gated experts of width ``moe_intermediate_size`` of which
+    each token uses ``num_experts_per_token``, and optionally an always-used shared expert of
+    width ``shared_expert_intermediate_size``. Every expert's weights are in memory; a token
+    computes only its own experts'. Invalid values raise ``ValueError`` naming the field.
     """
 
     name: str
@@ -45,6 +53,12 @@ class ModelArch:
     max_position_embeddings: int
     attention_bias: bool = False
     attention_output_bias: bool = False
+    qk_norm: bool = False
+    num_experts: int = 0
+    num_experts_per_token: int = 0
+    moe_intermediate_size: int = 0
+    shared_expert_intermediate_size: int = 0
+    num_dense_layers: int = 0
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name.strip():
@@ -76,12 +90,114 @@ class ModelArch:
             ("tie_word_embeddings", self.tie_word_embeddings),
             ("attention_bias", self.attention_bias),
             ("attention_output_bias", self.attention_output_bias),
+            ("qk_norm", self.qk_norm),
         )
         for field_name, flag in flags:
             if not isinstance(flag, bool):
                 raise ValueError(
                     f"ModelArch {self.name!r}: {field_name} must be true or false, got {flag!r}"
                 )
+
+        self._check_experts()
+
+    def _check_experts(self) -> None:
+        """A mixture of experts' fields are whole, non-negative and agree with each other."""
+        counts = (
+            ("num_experts", self.num_experts),
+            ("num_experts_per_token", self.num_experts_per_token),
+            ("moe_intermediate_size", self.moe_intermediate_size),
+            ("shared_expert_intermediate_size", self.shared_expert_intermediate_size),
+            ("num_dense_layers", self.num_dense_layers),
+        )
+        for field_name, value in counts:
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(
+                    f"ModelArch {self.name!r}: {field_name} must be an integer >= 0, got "
+                    f"{value!r}; copy it from the model's config.json (0: a dense model)"
+                )
+        if not self.num_experts:
+            if any(value for _, value in counts):
+                raise ValueError(
+                    f"ModelArch {self.name!r}: expert fields without num_experts; set "
+                    "num_experts (a mixture of experts) or leave them all 0 (dense)"
+                )
+            return
+        if not 1 <= self.num_experts_per_token <= self.num_experts:
+            raise ValueError(
+                f"ModelArch {self.name!r}: num_experts_per_token must be in 1..num_experts "
+                f"({self.num_experts}), got {self.num_experts_per_token}"
+            )
+        if self.moe_intermediate_size <= 0:
+            raise ValueError(
+                f"ModelArch {self.name!r}: moe_intermediate_size (each expert's width) must be "
+                "a positive integer for a mixture of experts"
+            )
+        if self.num_dense_layers >= self.num_layers:
+            raise ValueError(
+                f"ModelArch {self.name!r}: num_dense_layers ({self.num_dense_layers}) must be "
+                f"below num_layers ({self.num_layers})"
+            )
+
+    @property
+    def is_moe(self) -> bool:
+        """Whether the model is a mixture of experts."""
+        return self.num_experts > 0
+
+    @property
+    def num_moe_layers(self) -> int:
+        """Layers whose MLP is a mixture of experts."""
+        return self.num_layers - self.num_dense_layers if self.is_moe else 0
+
+    @property
+    def expert_params(self) -> int:
+        """One routed expert of one layer: its gate, up and down projections."""
+        return 3 * self.hidden_size * self.moe_intermediate_size
+
+    @property
+    def dense_linear_params(self) -> int:
+        """Matrix weights every token multiplies by, all layers: the attention projections, the
+        dense MLPs and, in mixture-of-experts layers, the router and the shared expert."""
+        moe_common = self.hidden_size * self.num_experts
+        moe_common += 3 * self.hidden_size * self.shared_expert_intermediate_size
+        dense_layers = self.num_layers - self.num_moe_layers
+        return (
+            self.num_layers * self.attention_params_per_layer
+            + dense_layers * self.mlp_params_per_layer
+            + self.num_moe_layers * moe_common
+        )
+
+    @property
+    def active_linear_params(self) -> int:
+        """Matrix weights one token multiplies by, all layers (its FLOPs are twice this)."""
+        routed = self.num_experts_per_token * self.expert_params * self.num_moe_layers
+        return self.dense_linear_params + routed
+
+    @property
+    def total_linear_params(self) -> int:
+        """Matrix weights held in memory, all layers: every expert's."""
+        return (
+            self.dense_linear_params + self.num_experts * self.expert_params * self.num_moe_layers
+        )
+
+    def expected_distinct_experts(self, num_tokens: int) -> float:
+        """Experts of one layer that ``num_tokens`` tokens use between them, in expectation,
+        under balanced routing (what load-balancing training aims for): each token picks
+        ``num_experts_per_token`` of ``num_experts``, so an expert is missed by all of them with
+        probability ``(1 - k/E) ** T``. One token reads k experts; a large batch reads them all."""
+        if not self.is_moe or num_tokens <= 0:
+            return 0.0
+        missed = (1.0 - self.num_experts_per_token / self.num_experts) ** num_tokens
+        return self.num_experts * (1.0 - missed)
+
+    @property
+    def active_intermediate_size(self) -> int:
+        """The MLP width one token's activations pass through in a (mixture-of-experts) layer."""
+        if not self.is_moe:
+            return self.intermediate_size
+        return (
+            self.num_experts_per_token * self.moe_intermediate_size
+            + self.shared_expert_intermediate_size
+        )
 
     @property
     def attention_params_per_layer(self) -> int:
@@ -101,7 +217,8 @@ class ModelArch:
 
     @property
     def linear_params_per_layer(self) -> int:
-        """Parameters of one layer's matrix multiplies: attention projections plus MLP."""
+        """Parameters of one dense layer's matrix multiplies: attention projections plus MLP
+        (a mixture of experts: :attr:`active_linear_params` and :attr:`total_linear_params`)."""
         return self.attention_params_per_layer + self.mlp_params_per_layer
 
     @property
@@ -118,15 +235,23 @@ class ModelArch:
     def num_params(self) -> int:
         """All parameters: layers (linears, two RMSNorm vectors), embedding, LM head, final norm.
 
-        Matches the checkpoint's tensor count exactly (Llama-3.1-8B: 8,030,261,248).
+        Matches the checkpoint's tensor count exactly (Llama-3.1-8B: 8,030,261,248); a mixture
+        of experts counts every expert.
         """
-        per_layer = self.linear_params_per_layer + 2 * self.hidden_size
+        norms = 2 * self.hidden_size + (2 * self.head_dim if self.qk_norm else 0)
         return (
-            self.num_layers * per_layer
+            self.total_linear_params
+            + self.num_layers * norms
             + self.embedding_params
             + self.lm_head_params
             + self.hidden_size
         )
+
+    @property
+    def num_active_params(self) -> int:
+        """Parameters one token computes with: :attr:`num_params` less the experts it skips."""
+        skipped = self.num_experts - self.num_experts_per_token
+        return self.num_params - skipped * self.expert_params * self.num_moe_layers
 
     def weight_bytes(self, dtype: str) -> float:
         """Bytes of all weights stored uniformly in ``dtype``.
@@ -276,6 +401,43 @@ MODEL_CATALOG: dict[str, ModelArch] = {
         max_position_embeddings=131072,
         attention_bias=True,
     ),
+    # https://huggingface.co/mistralai/Mixtral-8x7B-v0.1/blob/main/config.json: 8 experts
+    # ("num_local_experts") of Mistral-7B's MLP width, 2 per token; 46.7B parameters, 12.9B
+    # active (tests/test_models.py). "sliding_window": null, so full-context KV is exact.
+    "mixtral-8x7b": ModelArch(
+        name="mixtral-8x7b",
+        num_layers=32,
+        hidden_size=4096,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        head_dim=128,
+        intermediate_size=14336,
+        vocab_size=32000,
+        tie_word_embeddings=False,
+        max_position_embeddings=32768,
+        num_experts=8,
+        num_experts_per_token=2,
+        moe_intermediate_size=14336,
+    ),
+    # https://huggingface.co/Qwen/Qwen3-30B-A3B/blob/main/config.json (model_type qwen3_moe): 128
+    # experts of width 768, 8 per token, in all 48 layers (decoder_sparse_step 1, no
+    # mlp_only_layers); q/k RMSNorm per head; 30.5B parameters, 3.3B active.
+    "qwen3-30b-a3b": ModelArch(
+        name="qwen3-30b-a3b",
+        num_layers=48,
+        hidden_size=2048,
+        num_attention_heads=32,
+        num_key_value_heads=4,
+        head_dim=128,
+        intermediate_size=6144,
+        vocab_size=151936,
+        tie_word_embeddings=False,
+        max_position_embeddings=40960,
+        qk_norm=True,
+        num_experts=128,
+        num_experts_per_token=8,
+        moe_intermediate_size=768,
+    ),
     # The random-weight model `servesim live tiny-model` writes for CPU-only live runs
     # (live/tiny_model.py, TinyModelSpec defaults; tests/test_tiny_model.py keeps them equal).
     "servesim-tiny-llama": ModelArch(
@@ -299,6 +461,8 @@ _MODEL_ALIASES: dict[str, str] = {
     "mistral-7b-instruct-v0.3": "mistral-7b",
     "llama-2-7b-hf": "llama-2-7b",
     "llama-2-7b-chat-hf": "llama-2-7b",
+    "mixtral-8x7b-v0.1": "mixtral-8x7b",
+    "mixtral-8x7b-instruct-v0.1": "mixtral-8x7b",
 }
 
 
@@ -349,9 +513,49 @@ _REQUIRED_CONFIG_KEYS = (
 # MistralConfig 4096 * 32, Qwen2Config 32768); 2048 for anything else.
 _DEFAULT_MAX_POSITION_EMBEDDINGS = {"llama": 2048, "mistral": 131072, "qwen2": 32768}
 
-# Keys whose presence marks a mixture-of-experts model (Mixtral, Qwen-MoE, DeepSeek), which this
-# dense description would silently undercount.
+# Keys whose presence marks a mixture-of-experts model: Mixtral's, Qwen-MoE's, DeepSeek's.
 _MOE_KEYS = ("num_local_experts", "num_experts", "n_routed_experts")
+
+
+def _moe_fields(config: dict[str, Any], keys: _ConfigKeys, file: Path) -> dict[str, Any]:
+    """ModelArch's expert fields from a mixture-of-experts config, in the layouts of Mixtral
+    (``num_local_experts``, experts as wide as ``intermediate_size``), Qwen2/Qwen3-MoE
+    (``num_experts``, ``moe_intermediate_size``, Qwen2's ``shared_expert_intermediate_size``)
+    and DeepSeek-MoE (``n_routed_experts``, ``n_shared_experts``, ``first_k_dense_replace``).
+    Empty for a dense config; ValueError for a layout it would miscount."""
+    key = next((k for k in _MOE_KEYS if config.get(k)), None)
+    if key is None:
+        return {}
+    if config.get("kv_lora_rank"):
+        raise ValueError(
+            f"config.json at {file}: kv_lora_rank marks DeepSeek's multi-head latent attention, "
+            "whose KV cache and attention cost ModelArch does not describe; use a GQA model"
+        )
+    if keys.integer("decoder_sparse_step", 1) != 1 or config.get("mlp_only_layers"):
+        raise ValueError(
+            f"config.json at {file}: experts in only some layers (decoder_sparse_step, "
+            "mlp_only_layers) are not modelled; only leading dense layers are"
+        )
+    if keys.integer("moe_layer_freq", 1) != 1:
+        raise ValueError(f"config.json at {file}: moe_layer_freq other than 1 is not modelled")
+    experts = keys.integer(key)
+    if key == "num_local_experts":  # Mixtral: every expert is a full-width MLP
+        width = keys.integer("intermediate_size")
+    else:
+        width = keys.integer("moe_intermediate_size")
+    shared = 0
+    if config.get("shared_expert_intermediate_size"):  # Qwen2-MoE
+        shared = keys.integer("shared_expert_intermediate_size")
+    if config.get("n_shared_experts"):  # DeepSeek: shared experts as wide as routed ones
+        shared = keys.integer("n_shared_experts") * width
+    dense = keys.integer("first_k_dense_replace") if config.get("first_k_dense_replace") else 0
+    return {
+        "num_experts": experts,
+        "num_experts_per_token": keys.integer("num_experts_per_tok"),
+        "moe_intermediate_size": width,
+        "shared_expert_intermediate_size": shared,
+        "num_dense_layers": dense,
+    }
 
 
 def load_hf_config(path: str | Path) -> ModelArch:
@@ -364,20 +568,18 @@ def load_hf_config(path: str | Path) -> ModelArch:
     for Llama). ``attention_bias: true`` (Llama) biases q, k, v and o; ``model_type: qwen2``
     biases q, k and v. The name is ``_name_or_path`` if set, else the directory's name.
 
-    A missing file, invalid JSON, a missing or non-integer key, or a mixture-of-experts config
-    raises ``ValueError`` naming the file and what to fix.
+    Mixture-of-experts configs (Mixtral, Qwen2/Qwen3-MoE, DeepSeek-MoE without latent
+    attention) fill the expert fields; ``model_type`` qwen3 and qwen3_moe add the per-head q/k
+    norm. A missing file, invalid JSON, a missing or non-integer key, or a layout ModelArch would
+    miscount (latent attention, experts in only some layers) raises ``ValueError`` naming the file
+    and what to fix.
     """
     path = Path(path)
     file = path / "config.json" if path.is_dir() else path
     config = _read_config_json(file)
-    for key in _MOE_KEYS:
-        if config.get(key):
-            raise ValueError(
-                f"config.json at {file}: {key}={config[key]!r} marks a mixture-of-experts model, "
-                "which ModelArch (dense only) would miscount; use a dense model"
-            )
     keys = _ConfigKeys(config, file)
     integer, flag = keys.integer, keys.flag
+    experts = _moe_fields(config, keys, file)
 
     model_type = config.get("model_type")
     hidden_size = integer("hidden_size")
@@ -388,7 +590,7 @@ def load_hf_config(path: str | Path) -> ModelArch:
             f"multiple of num_attention_heads {num_attention_heads}; add 'head_dim'"
         )
     llama_attention_bias = flag("attention_bias")
-    qwen2_bias = model_type == "qwen2"
+    qwen2_bias = model_type in ("qwen2", "qwen2_moe")
 
     name_or_path = config.get("_name_or_path")
     if isinstance(name_or_path, str) and name_or_path.strip():
@@ -412,6 +614,8 @@ def load_hf_config(path: str | Path) -> ModelArch:
         ),
         attention_bias=llama_attention_bias or qwen2_bias,
         attention_output_bias=llama_attention_bias,
+        qk_norm=model_type in ("qwen3", "qwen3_moe"),
+        **experts,
     )
 
 

@@ -388,6 +388,12 @@ class RooflineModel:
       decodes read their whole KV (``2·kv_heads·head_dim`` elements per token per layer).
     * Tensor parallelism divides weights, heads and FLOPs by ``tp`` and adds two ring
       all-reduces of the activations per layer.
+    * A mixture of experts computes each token's ``k`` experts only, and reads the weights of
+      the experts the step's tokens use between them (ModelArch.expected_distinct_experts:
+      ``k`` for one token, all of them for a large batch). With ``expert_parallel`` (vLLM's
+      ``--enable-expert-parallel``) each GPU holds ``1/tp`` of the experts whole instead of a
+      ``1/tp`` slice of each, and a mixture-of-experts layer sends each token's activations to
+      its experts' GPUs and back (two all-to-alls) instead of its MLP all-reduce.
     """
 
     def __init__(
@@ -401,6 +407,7 @@ class RooflineModel:
         params: RooflineParams | None = None,
         quantization: str = "auto",
         pipeline_parallel_size: int = 1,
+        expert_parallel: bool = False,
     ) -> None:
         self.model = model
         self.gpu = gpu
@@ -422,8 +429,11 @@ class RooflineModel:
         self._kv_bytes_per_s = gpu.memory_bandwidth_bytes_per_s * p.attention_bandwidth_efficiency
         tp = self.tp
         layers = model.num_layers
-        self._linear_flops_per_token = 2.0 * model.linear_params_per_layer * layers / tp
-        self._linear_weight_bytes = model.linear_params_per_layer * layers * weight_bytes / tp
+        self._linear_flops_per_token = 2.0 * model.active_linear_params / tp
+        self._linear_weight_bytes = model.dense_linear_params * weight_bytes / tp
+        # A mixture of experts: the bytes of one expert in every MoE layer (÷ tp either way:
+        # sliced by TP, or spread whole over the GPUs by EP).
+        self._expert_weight_bytes = model.expert_params * model.num_moe_layers * weight_bytes / tp
         head_params = model.hidden_size * model.vocab_size
         self._head_flops_per_row = 2.0 * head_params / tp
         self._head_weight_bytes = head_params * weight_bytes / tp
@@ -440,13 +450,22 @@ class RooflineModel:
         # (2 × 3h), SiLU·mul reads gate and up and writes one (3·intermediate).
         kv_dim = model.num_key_value_heads * model.head_dim
         elementwise: float = 4 * model.hidden_size + 2 * (model.hidden_size + kv_dim)
-        elementwise += 6 * model.hidden_size + 3 * model.intermediate_size / tp
+        elementwise += 6 * model.hidden_size + 3 * model.active_intermediate_size / tp
         self._elementwise_bytes_per_token = elementwise * activation_bytes * layers
         self._elementwise_floor_s = p.layer_elementwise_s * layers
         self._allreduces_per_step = 2 * layers if tp > 1 else 0
         link = gpu.link_bandwidth_bytes_per_s
         self._link_bytes_per_s = link
         self._allreduce_s_per_byte = 2.0 * (tp - 1) / tp / link if tp > 1 else 0.0
+        # Expert parallelism: each MoE layer's MLP all-reduce becomes a dispatch and a combine
+        # all-to-all, each sending a token's activations to its k experts, (tp-1)/tp of them on
+        # other GPUs.
+        self._expert_parallel = expert_parallel and model.is_moe and tp > 1
+        if self._expert_parallel:
+            self._allreduces_per_step -= model.num_moe_layers
+            self._all_to_all_bytes_per_token = (
+                2.0 * model.num_experts_per_token * self._activation_bytes_per_token * (tp - 1) / tp
+            )
 
     def step_time(self, batch: BatchShape) -> float:
         """Seconds for one step from start to sampled tokens; zero tokens costs only the
@@ -510,10 +529,15 @@ class RooflineModel:
         return (self.pp - 1) * per_send
 
     def linear_time(self, num_tokens: int) -> float:
-        """QKV/O projections and the MLP of every layer for ``num_tokens`` tokens."""
+        """QKV/O projections and the MLP (or the experts the tokens use) of every layer for
+        ``num_tokens`` tokens."""
+        weight_bytes = self._linear_weight_bytes
+        if self.model.is_moe:
+            experts = self.model.expected_distinct_experts(num_tokens)
+            weight_bytes += experts * self._expert_weight_bytes
         return self._linear_slowdown * max(
             num_tokens * self._linear_flops_per_token / self._gemm_flops_per_s,
-            self._linear_weight_bytes / self._bytes_per_s,
+            weight_bytes / self._bytes_per_s,
         )
 
     def lm_head_time(self, num_rows: int) -> float:
@@ -556,10 +580,17 @@ class RooflineModel:
         return total
 
     def communication_time(self, num_tokens: int) -> float:
-        """Two ring all-reduces of the activations per layer under tensor parallelism."""
-        if not self._allreduces_per_step:
+        """Two ring all-reduces of the activations per layer under tensor parallelism; under
+        expert parallelism a mixture-of-experts layer's second is two all-to-alls instead."""
+        if not self._allreduces_per_step and not self._expert_parallel:
             return 0.0
         message_bytes = num_tokens * self._activation_bytes_per_token
-        return self._allreduces_per_step * (
+        total = self._allreduces_per_step * (
             self.params.allreduce_latency_s + message_bytes * self._allreduce_s_per_byte
         )
+        if self._expert_parallel:
+            total += self.model.num_moe_layers * (
+                2 * self.params.allreduce_latency_s
+                + num_tokens * self._all_to_all_bytes_per_token / self._link_bytes_per_s
+            )
+        return total

@@ -16,4 +16,5 @@ class Spec(BaseModel):
 
 PositiveFloat = Annotated[float, Field(gt=0)]
 PositiveInt = Annotated[int, Field(ge=1)]
+NonNegativeInt = Annotated[int, Field(ge=0)]
 Fraction = Annotated[float, Field(gt=0, le=1)]

@@ -11,7 +11,7 @@ from pydantic import Field, model_validator
 from sim.catalog.hardware import GPU
 from sim.engine.latency import DEFAULT_FRONTEND_OVERHEAD_S, RooflineParams
 from sim.report.summary import SLO
-from sim.scenario.base import Fraction, PositiveFloat, PositiveInt, Spec
+from sim.scenario.base import Fraction, NonNegativeInt, PositiveFloat, PositiveInt, Spec
 
 _ROOFLINE = RooflineParams()
 
@@ -50,7 +50,8 @@ class HFConfigModelSpec(Spec):
 
 
 class CustomModelSpec(Spec):
-    """A dense decoder given by its dimensions."""
+    """A decoder given by its dimensions: dense, or a mixture of experts with ``num_experts``
+    (see sim/catalog/models.py ModelArch)."""
 
     name: str
     num_layers: PositiveInt
@@ -62,6 +63,12 @@ class CustomModelSpec(Spec):
     vocab_size: PositiveInt
     tie_word_embeddings: bool = False
     max_position_embeddings: PositiveInt = 8192
+    qk_norm: bool = False
+    num_experts: NonNegativeInt = 0
+    num_experts_per_token: NonNegativeInt = 0
+    moe_intermediate_size: NonNegativeInt = 0
+    shared_expert_intermediate_size: NonNegativeInt = 0
+    num_dense_layers: NonNegativeInt = 0
 
 
 class EngineSpec(Spec):
@@ -78,6 +85,9 @@ class EngineSpec(Spec):
     # Layers split into this many stages, one batch in flight per stage (continuous batching).
     pipeline_parallel_size: Annotated[int, Field(ge=1, le=64)] = 1
     scheduling_policy: Literal["fcfs", "priority"] = "fcfs"
+    # vLLM's --enable-expert-parallel: a mixture of experts' experts spread whole over the
+    # tensor-parallel GPUs instead of sliced (no effect on a dense model).
+    enable_expert_parallel: bool = False
     batching: Literal["continuous", "static", "dynamic"] = "continuous"
     vllm_version: str | None = None  # the deployment's vLLM version, checked against profiles
     # vLLM's --async-scheduling. None: vLLM's default for this deployment (on from vLLM 0.14 on
