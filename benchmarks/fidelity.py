@@ -24,7 +24,7 @@ Everything lands in ``--out``; ``--rescore DIR`` reads a finished run's live res
 back and simulates again (to score a model change without the hour of live runs).
 
 Run: ``.venv/bin/python benchmarks/fidelity.py [--budget 8m] [--repeats 3] [--seconds 120]``
-(about 45 minutes on 2 cores).
+(about 45 minutes on 2 cores; ``--shapes multi-turn`` runs only the shapes named).
 """
 
 from __future__ import annotations
@@ -260,6 +260,8 @@ def live_runs(
     """Step 4: every shape ``--repeats`` times, results under ``work/<shape>/<repeat>``."""
     target = Target(server.url, server.model_name)
     for seed, (name, workload) in enumerate(setup.shapes().items(), 10):
+        if args.shapes and name not in args.shapes:
+            continue
         for repeat in range(args.repeats):
             out = shape_folder(work, name) / str(repeat)
             started = time.monotonic()
@@ -360,7 +362,17 @@ def main() -> None:
     parser.add_argument("--out", default=None, help="output directory (default: a temp dir)")
     parser.add_argument("--rescore", default=None, help="score a finished run's directory")
     parser.add_argument("--json", action="store_true", help="print the table as JSON")
+    parser.add_argument(
+        "--shapes",
+        type=lambda text: [name.strip() for name in text.split(",")],
+        default=None,
+        help="run only these shapes, comma-separated (e.g. 'multi-turn,poisson 30%%')",
+    )
     args = parser.parse_args()
+    known = shapes(1.0, 1.0, 1.0)
+    unknown = [name for name in args.shapes or [] if name not in known]
+    if unknown:
+        parser.error(f"--shapes: unknown {unknown}; the shapes are {', '.join(known)}")
     if args.rescore:
         work = Path(args.rescore)
         setup = rescored_setup(work, args.max_simulations)

@@ -3,10 +3,12 @@
 Two methods, for two kinds of data:
 
 * :func:`fit_steps` — measured *steps* (:class:`~calibration.observations.Observation`: "a step
-  computing this batch took this long"). The model is linear in its coefficients, so this is a
-  sign-constrained linear least-squares problem on the regressors of
-  :meth:`sim.engine.latency.CalibratedModel.features`, plus one indicator for measurements that
-  include the server's front end. Residuals are *relative* (each row divided by its measured
+  computing this batch took this long"). Without its floor the model is linear in its
+  coefficients, so this is first a sign-constrained linear least-squares problem on the
+  regressors of :meth:`sim.engine.latency.CalibratedModel.features`, plus one indicator for
+  measurements that include the server's front end; then the linear layers' floor (their
+  weights read once per step) is fitted with the rest by a bounded nonlinear least squares
+  started from that solution. Residuals are *relative* (each row divided by its measured
   time), so a 10 ms decode step and a 1 s prefill weigh the same.
 * :func:`fit_from_records` — only per-request benchmark records (TTFT, end-to-end latency). The
   caller supplies ``simulate(coefficients) -> records`` (a replay of the same arrivals through the
@@ -43,6 +45,10 @@ COEFFICIENT_NAMES: tuple[str, ...] = (
     "per_shared_context_token_s",
     "frontend_overhead_s",
 )
+
+#: Every coefficient a fit to records searches: the regressors' and the linear layers' floor
+#: (which a step fit sets where the data show one).
+SEARCHED_NAMES: tuple[str, ...] = (*COEFFICIENT_NAMES, "linear_floor_s")
 
 #: What ``kind_code`` in a report point refers to (observation kinds, then per-request metrics).
 POINT_KINDS: tuple[str, ...] = ("prefill", "decode", "mixed", "operator", "ttft", "e2e")
@@ -87,8 +93,70 @@ def predict_seconds(
 ) -> np.ndarray:
     """What the coefficients predict each observation took (front end included where measured)."""
     values = np.array([getattr(coefficients, name) for name in COEFFICIENT_NAMES])
-    predicted: np.ndarray = design_matrix(observations) @ values
-    return predicted
+    return _predict(design_matrix(observations), values, coefficients.linear_floor_s)
+
+
+#: The most a fit with the linear layers' floor may leave of the linear fit's squared error
+#: for the floor to be kept.
+FLOOR_MIN_IMPROVEMENT = 0.9
+
+#: Columns of the design matrix that the linear layers' floor bounds: prefill tokens and
+#: decode sequences (CalibratedModel.features order).
+_LINEAR_COLUMNS = (1, 2)
+
+
+def _predict(design: np.ndarray, values: np.ndarray, floor: float) -> np.ndarray:
+    """The model's seconds per row: the linear terms, with the linear layers' part raised to
+    ``floor`` where it is below it."""
+    total: np.ndarray = design @ values
+    if floor:
+        linear = design[:, _LINEAR_COLUMNS] @ values[list(_LINEAR_COLUMNS)]
+        total = total - linear + np.maximum(floor, linear)
+    return total
+
+
+def _fit_floor(
+    design: np.ndarray,
+    seconds: np.ndarray,
+    weights: np.ndarray,
+    values: np.ndarray,
+    free: np.ndarray,
+) -> tuple[np.ndarray, float]:
+    """The coefficients and linear-layer floor that best fit, started from the linear solution
+    ``values`` and a few floors among the steps' linear parts; ``(values, 0.0)`` when no floor
+    fits better (a server whose smallest steps already cost their per-token share)."""
+    linear = design[:, _LINEAR_COLUMNS] @ values[list(_LINEAR_COLUMNS)]
+    positive = linear[linear > 0]
+    if positive.size < 2:
+        return values, 0.0
+    scale = np.sqrt(weights) / seconds
+
+    def residuals(x: np.ndarray) -> np.ndarray:
+        trial = values.copy()
+        trial[free] = x[:-1]
+        result: np.ndarray = (_predict(design, trial, x[-1]) - seconds) * scale
+        return result
+
+    linear_cost = float(np.sum(residuals(np.append(values[free], 0.0)) ** 2))
+    best_x, best_cost = None, linear_cost
+    for start_floor in np.quantile(positive, (0.1, 0.3, 0.5)):
+        x0 = np.append(values[free], start_floor)
+        typical = np.where(x0 > 0, x0, max(float(np.max(x0)), 1e-9) * 1e-3)
+        solution = least_squares(residuals, x0, bounds=(0.0, np.inf), x_scale=typical)
+        cost = float(np.sum(solution.fun**2))
+        if cost < best_cost:
+            best_x, best_cost = solution.x, cost
+    # A floor earns its place by explaining the data (a tenth less squared error), not by
+    # rounding: on data the linear model already fits, it stays 0.
+    if best_x is None or best_cost > FLOOR_MIN_IMPROVEMENT * linear_cost:
+        return values, 0.0
+    fitted = values.copy()
+    fitted[free] = np.maximum(best_x[:-1], 0.0)
+    floor = float(max(best_x[-1], 0.0))
+    smallest = float(np.min(design[:, _LINEAR_COLUMNS] @ fitted[list(_LINEAR_COLUMNS)]))
+    if floor <= smallest:  # below every step's linear part: it changes nothing
+        return values, 0.0
+    return fitted, floor
 
 
 def _error_summary(relative_errors: np.ndarray) -> tuple[float, float, float]:
@@ -100,7 +168,10 @@ def _error_summary(relative_errors: np.ndarray) -> tuple[float, float, float]:
 
 
 def fit_steps(
-    observations: Sequence[Observation], *, method_name: str = "step_least_squares"
+    observations: Sequence[Observation],
+    *,
+    method_name: str = "step_least_squares",
+    floor: bool = True,
 ) -> tuple[CalibratedCoefficients, FitReport]:
     """Coefficients that best reproduce measured steps, all >= 0, minimising relative error.
 
@@ -108,7 +179,8 @@ def fit_steps(
     ``sqrt(weight)``; the solve is a bounded least squares (BVLS) on column-scaled regressors. A
     regressor that is zero in every observation cannot be estimated: its coefficient is fixed at
     0 and the report's ``notes`` say so (for example no client-side TTFT → no front-end term).
-    Raises ValueError when there are fewer observations than coefficients left to estimate.
+    ``floor`` False keeps the model linear (no linear-layer floor). Raises ValueError when there
+    are fewer observations than coefficients left to estimate.
     """
     if not observations:
         raise ValueError("observations: need at least one measured step to fit, got none")
@@ -139,6 +211,12 @@ def fit_steps(
     solution = lsq_linear(system / column_norm, target, bounds=(0.0, np.inf), method="bvls")
     values = np.zeros(len(COEFFICIENT_NAMES))
     values[free] = np.maximum(solution.x / column_norm, 0.0)
+    values, floor_s = _fit_floor(design, seconds, weights, values, free) if floor else (values, 0.0)
+    if floor_s:
+        notes.append(
+            f"linear_floor_s = {floor_s * 1e3:.3g} ms: the linear layers' least time per step "
+            "(their weights read once), above the per-token terms for the smallest steps"
+        )
     shared = COEFFICIENT_NAMES.index("per_shared_context_token_s")
     if shared not in free:
         # Nothing measured reads a shared prefix: price it as any context token.
@@ -146,9 +224,10 @@ def fit_steps(
         notes = [n for n in notes if not n.startswith("per_shared_context_token_s")]
         notes.append("per_shared_context_token_s = per_context_token_s: no shared prefix measured")
     coefficients = CalibratedCoefficients(
-        **{name: float(v) for name, v in zip(COEFFICIENT_NAMES, values, strict=True)}
+        **{name: float(v) for name, v in zip(COEFFICIENT_NAMES, values, strict=True)},
+        linear_floor_s=floor_s,
     )
-    predicted = design @ values
+    predicted = _predict(design, values, floor_s)
     relative = (predicted - seconds) / seconds
     mean, p90, worst = _error_summary(relative)
     points = [
@@ -247,16 +326,16 @@ def fit_from_records(
     at most :data:`MAX_REPORTED_POINTS` of them.
     """
     measured = _records_to_fit(records, max_evaluations)
-    start = np.array([getattr(initial, name) for name in COEFFICIENT_NAMES], dtype=np.float64)
+    start = np.array([getattr(initial, name) for name in SEARCHED_NAMES], dtype=np.float64)
     # The shared-prefix term is measured by the step fit and held: most replays share little,
     # and searching a term the replay barely moves would spend simulations on nothing.
-    held = COEFFICIENT_NAMES.index("per_shared_context_token_s")
-    free = np.flatnonzero((start > 0) & (np.arange(len(COEFFICIENT_NAMES)) != held))
+    held = SEARCHED_NAMES.index("per_shared_context_token_s")
+    free = np.flatnonzero((start > 0) & (np.arange(len(SEARCHED_NAMES)) != held))
     if free.size == 0:
         raise ValueError("initial: every coefficient is 0; give positive starting values")
     notes = [
-        f"{COEFFICIENT_NAMES[i]} held at 0: it is 0 in the initial coefficients"
-        for i in range(len(COEFFICIENT_NAMES))
+        f"{SEARCHED_NAMES[i]} held at 0: it is 0 in the initial coefficients"
+        for i in range(len(COEFFICIENT_NAMES))  # an absent floor is no news
         if i not in free and i != held
     ]
     fitted, search_notes = _search_records(measured, simulate, start, free, max_evaluations)
@@ -286,7 +365,7 @@ def _coefficients_at(
     values = start.copy()
     values[free] = np.exp(log_values)
     return CalibratedCoefficients(
-        **{name: float(v) for name, v in zip(COEFFICIENT_NAMES, values, strict=True)}
+        **{name: float(v) for name, v in zip(SEARCHED_NAMES, values, strict=True)}
     )
 
 

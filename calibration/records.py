@@ -25,7 +25,7 @@ import numpy as np
 import pandas as pd
 
 from calibration.fit import (
-    COEFFICIENT_NAMES,
+    SEARCHED_NAMES,
     fit_from_records,
     fit_steps,
     relative_residuals,
@@ -172,7 +172,7 @@ def _at_send_times(requests: list[Request], records: pd.DataFrame) -> list[Reque
 def roofline_coefficients(scenario: Scenario) -> CalibratedCoefficients:
     """The calibrated model closest to the scenario's roofline: a fit of its step times over
     prefills of 16..max_model_len tokens and decodes of 1..max_num_seqs sequences at contexts
-    of 128..max_model_len. A starting point for a search, not a calibration.
+    of 128..max_model_len, linear (no floor). A starting point for a search, not a calibration.
     """
     model = scenario.resolve_model()
     spec = scenario.latency if isinstance(scenario.latency, RooflineLatencySpec) else None
@@ -206,7 +206,9 @@ def roofline_coefficients(scenario: Scenario) -> CalibratedCoefficients:
             observations.append(Observation(batch, roofline.step_time(batch), kind="operator"))
             context *= 4
         seqs *= 2
-    coefficients, _ = fit_steps(observations)
+    # The linear model: per-request latencies cannot tell a floor from the step overhead, so a
+    # search from here would trade one for the other instead of finding either.
+    coefficients, _ = fit_steps(observations, floor=False)
     return coefficients
 
 
@@ -264,7 +266,7 @@ def _scaled(coefficients: CalibratedCoefficients, factor: float) -> CalibratedCo
     """Every step coefficient × ``factor``; the front-end overhead unchanged."""
     values = {
         name: getattr(coefficients, name) * (factor if name != "frontend_overhead_s" else 1.0)
-        for name in COEFFICIENT_NAMES
+        for name in SEARCHED_NAMES
     }
     return CalibratedCoefficients(**values)
 

@@ -4,10 +4,13 @@ exceptions, a changed knob changes the result, and bad input is an inline error.
 from __future__ import annotations
 
 import ast
+import base64
 import copy
+import json
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import yaml
 
@@ -231,6 +234,34 @@ def test_planner_keeps_the_breaking_load_on_screen() -> None:
     assert list(app.dataframe[-1].value.columns) == ["candidate", "breaks above × rate"]
     app.run()
     assert len(app.dataframe) == tables + 1, "kept across a rerun"
+
+
+def test_the_pareto_chart_leaves_out_candidates_without_a_ttft() -> None:
+    """Every request rejected (prompts longer than max_model_len): the candidates ran but have
+    no TTFT. The chart once drew them at 0 ms; now it names them and draws nothing for them."""
+    data = small(num_requests=40)
+    data["engine"]["max_model_len"] = 64
+    data["workload"]["prompt_tokens"] = {"type": "constant", "value": 200}
+    app = page("planner", data)
+    app.multiselect(key="plan_gpus").set_value(["h100-sxm"])
+    app.multiselect(key="plan_tp").set_value([1])
+    app.multiselect(key="plan_dt").set_value(["bf16"])
+    app.number_input(key="plan_max").set_value(1)
+    app.number_input(key="plan_requests").set_value(40)
+    app.button(key="plan_search").click().run(timeout=120)
+    assert not app.exception
+    assert any("Not drawn (no TTFT" in caption.value for caption in app.caption)
+    figure = json.loads(app.get("plotly_chart")[0].proto.spec)
+    (points,) = [trace for trace in figure["data"] if trace.get("name") == "candidates"]
+    assert plotted(points.get("y")) == []
+
+
+def plotted(data: Any) -> list[float]:
+    """A trace's values as plotly writes them: a list, or typed base64 (``bdata``)."""
+    if isinstance(data, dict):
+        raw = base64.b64decode(data["bdata"])
+        return [float(v) for v in np.frombuffer(raw, dtype=data["dtype"])]
+    return [float(v) for v in data or []]
 
 
 def test_calibration_page_shows_a_shipped_profile() -> None:

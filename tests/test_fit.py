@@ -297,3 +297,48 @@ def test_a_profile_without_the_shared_term_reads_as_before() -> None:
     assert CalibratedModel(old).step_time(shape) == pytest.approx(
         CalibratedModel(old).step_time(flat), rel=1e-12
     )
+
+
+# -- the linear layers' floor -----------------------------------------------------------------
+#: A server whose linear layers take at least 2 ms a step (their weights read once): below 10
+#: decodes or tokens of prefill, the per-token terms are under it.
+FLOORED = CalibratedCoefficients(
+    step_overhead_s=0.004,
+    per_prefill_token_s=2e-4,
+    per_decode_seq_s=2e-4,
+    per_context_token_s=3e-8,
+    per_prefill_pair_s=1e-9,
+    frontend_overhead_s=0.003,
+    linear_floor_s=0.002,
+)
+
+
+def test_the_floor_bounds_the_linear_part_from_below() -> None:
+    model = CalibratedModel(FLOORED)
+    small, large = decode(2, 512), decode(64, 512)
+    context = 3e-8 * 2 * 512
+    assert model.step_time(small) == pytest.approx(0.004 + 0.002 + context)
+    assert model.step_time(large) == pytest.approx(0.004 + 64 * 2e-4 + 3e-8 * 64 * 512)
+    # Fast-forward's decode runs take the same floats as step by step.
+    for num_seqs in (1, 9, 10, 11, 40):
+        run = model.decode_step_times(num_seqs, num_seqs * 300, 5, shared=0)
+        assert run == [model.step_time(decode(num_seqs, 300 + i)) for i in range(5)], num_seqs
+
+
+def test_the_fit_finds_a_floor_the_data_show() -> None:
+    fitted, report = fit_steps(synthetic(FLOORED))
+    assert fitted.linear_floor_s == pytest.approx(0.002, rel=1e-3)
+    assert fitted.per_decode_seq_s == pytest.approx(2e-4, rel=1e-3)
+    assert report.relative_error_max < 1e-3
+    assert any(note.startswith("linear_floor_s") for note in report.notes)
+    # The linear model alone misses the smallest steps by far more.
+    linear = CalibratedModel(FLOORED.__class__(**{**asdict(FLOORED), "linear_floor_s": 0.0}))
+    assert linear.step_time(decode(1, 128)) < 0.8 * CalibratedModel(FLOORED).step_time(
+        decode(1, 128)
+    )
+
+
+def test_no_floor_where_the_linear_model_already_fits() -> None:
+    fitted, report = fit_steps(synthetic(TRUTH))
+    assert fitted.linear_floor_s == 0.0
+    assert not any(note.startswith("linear_floor_s") for note in report.notes)

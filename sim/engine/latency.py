@@ -142,6 +142,10 @@ class CalibratedCoefficients:
     # .shared_context_tokens). None: as dear as any context token (profiles measured without
     # shared prefixes, and those written before this term existed).
     per_shared_context_token_s: float | None = None
+    # The least time the linear layers take in a step, however few tokens it computes: reading
+    # their weights from memory once (the roofline's memory-bound side; the per-token terms are
+    # its compute-bound side). 0: the purely linear model of profiles fitted before this term.
+    linear_floor_s: float = 0.0
 
     def __post_init__(self) -> None:
         if self.per_shared_context_token_s is None:
@@ -160,12 +164,15 @@ class CalibratedCoefficients:
 
 
 class CalibratedModel:
-    """Step time linear in what a step computes, with coefficients fitted to a real server:
+    """Step time from what a step computes, with coefficients fitted to a real server:
 
-    ``overhead + a·prefill tokens + b·decode sequences + c·context tokens attended + d·causal
-    prefill pairs + e·shared context tokens``. The context term is the KV read by decodes and
-    by prefill chunks after earlier tokens, less what the backend reads once for several
+    ``overhead + max(floor, a·prefill tokens + b·decode sequences) + c·context tokens attended
+    + d·causal prefill pairs + e·shared context tokens``. The max is the linear layers'
+    roofline: a step reads their weights whatever it computes (the floor), and beyond a few
+    tokens their arithmetic costs more than that. The context term is the KV read by decodes
+    and by prefill chunks after earlier tokens, less what the backend reads once for several
     requests (the shared term); the pair term is attention's quadratic cost in long prefills.
+    With ``floor`` 0 the model is linear, as profiles fitted before the floor existed.
     """
 
     def __init__(
@@ -216,6 +223,16 @@ class CalibratedModel:
         context = batch.decode_context_tokens + batch.prefill_context_tokens
         shared = batch.shared_context_tokens
         self._see(batch.num_decode_seqs, context, batch.num_prefill_tokens)
+        if c.linear_floor_s:
+            linear = c.per_prefill_token_s * batch.num_prefill_tokens
+            linear += c.per_decode_seq_s * batch.num_decode_seqs
+            return (
+                c.step_overhead_s
+                + max(c.linear_floor_s, linear)
+                + c.per_context_token_s * (context - shared)
+                + c.per_prefill_pair_s * batch.prefill_attention_pairs
+                + c.shared_context_s * shared
+            )
         return (
             c.step_overhead_s
             + c.per_prefill_token_s * batch.num_prefill_tokens
@@ -232,7 +249,12 @@ class CalibratedModel:
         term by term in the same order, so the same floats."""
         c = self.coefficients
         self._see(num_seqs, first_context + (count - 1) * num_seqs, 0)
-        fixed = c.step_overhead_s + c.per_prefill_token_s * 0 + c.per_decode_seq_s * num_seqs
+        if c.linear_floor_s:
+            linear = c.per_prefill_token_s * 0
+            linear += c.per_decode_seq_s * num_seqs
+            fixed = c.step_overhead_s + max(c.linear_floor_s, linear)
+        else:
+            fixed = c.step_overhead_s + c.per_prefill_token_s * 0 + c.per_decode_seq_s * num_seqs
         per_context, pairs = c.per_context_token_s, c.per_prefill_pair_s * 0
         shared_s = c.shared_context_s * shared
         return [
