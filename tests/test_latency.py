@@ -330,3 +330,21 @@ def test_a_moe_needs_memory_for_every_expert() -> None:
         plan_memory(mixtral, h100, tensor_parallel_size=1, **knobs)  # 93 GB of weights
     plan = plan_memory(mixtral, h100, tensor_parallel_size=2, **knobs)
     assert plan.weight_bytes == pytest.approx(mixtral.num_params * 2 / 2)
+
+
+def test_latent_attention_reads_the_whole_latent_on_every_gpu() -> None:
+    """A decode under latent attention reads 576 elements per token and layer, on every GPU
+    whatever the TP; its attention computes over the latent (absorbed up-projections)."""
+    arch = get_model("deepseek-v2-lite")
+    h100 = get_gpu("h100-sxm")
+    bandwidth = h100.memory_bandwidth_bytes_per_s * RooflineParams().attention_bandwidth_efficiency
+    context = 64 * 4096
+    batch = _decode(64, 4096)
+    for tp in (1, 2):
+        model = RooflineModel(arch, h100, tensor_parallel_size=tp)
+        reads = context * 27 * 576 * 2 / bandwidth
+        flops = context * 2 * (16 / tp) * (2 * 512 + 64) * 27
+        compute = flops / (
+            h100.tensor_flops("bf16") * RooflineParams().attention_compute_efficiency
+        )
+        assert model.attention_time(batch) == pytest.approx(max(reads, compute))

@@ -47,7 +47,22 @@ def _hf_config(arch: ModelArch) -> dict[str, Any]:
         "rms_norm_eps": 1e-5,
         "torch_dtype": "bfloat16",
     }
-    if arch.qk_norm:  # Qwen3-MoE's layout
+    if arch.uses_latent_attention:  # DeepSeek-V2's layout
+        config |= {
+            "model_type": "deepseek_v2",
+            "n_routed_experts": arch.num_experts,
+            "n_shared_experts": arch.shared_expert_intermediate_size // arch.moe_intermediate_size,
+            "num_experts_per_tok": arch.num_experts_per_token,
+            "moe_intermediate_size": arch.moe_intermediate_size,
+            "first_k_dense_replace": arch.num_dense_layers,
+            "kv_lora_rank": arch.kv_lora_rank,
+            "q_lora_rank": arch.q_lora_rank or None,
+            "qk_nope_head_dim": arch.head_dim,
+            "qk_rope_head_dim": arch.qk_rope_head_dim,
+            "v_head_dim": arch.v_head_dim,
+        }
+        del config["head_dim"]  # DeepSeek's configs name it qk_nope_head_dim
+    elif arch.qk_norm:  # Qwen3-MoE's layout
         config |= {
             "model_type": "qwen3_moe",
             "num_experts": arch.num_experts,
@@ -84,6 +99,7 @@ def test_catalogue_keys() -> None:
         "qwen2.5-72b",
         "mixtral-8x7b",
         "qwen3-30b-a3b",
+        "deepseek-v2-lite",
         "servesim-tiny-llama",
     ]
     assert all(arch.name == key for key, arch in MODEL_CATALOG.items())
@@ -284,9 +300,9 @@ def test_load_hf_config_rejects_non_integer_and_unmodelled_moe(tmp_path: Path) -
     base = _hf_config(_arch())
     with pytest.raises(ValueError, match="'vocab_size' must be a positive integer, got '1000'"):
         load_hf_config(_write(tmp_path / "str", base | {"vocab_size": "1000"}))
-    latent = base | {"n_routed_experts": 64, "num_experts_per_tok": 6, "kv_lora_rank": 512}
-    with pytest.raises(ValueError, match="kv_lora_rank marks DeepSeek's multi-head latent"):
-        load_hf_config(_write(tmp_path / "mla", latent | {"moe_intermediate_size": 1408}))
+    latent = base | {"kv_lora_rank": 512, "qk_nope_head_dim": 16}
+    with pytest.raises(ValueError, match="missing 'qk_rope_head_dim'"):
+        load_hf_config(_write(tmp_path / "mla", latent))
     sparse = base | {"num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 64}
     with pytest.raises(ValueError, match="experts in only some layers"):
         load_hf_config(_write(tmp_path / "sparse", sparse | {"decoder_sparse_step": 2}))
@@ -305,6 +321,9 @@ def test_load_hf_config_rejects_non_integer_and_unmodelled_moe(tmp_path: Path) -
         ("mixtral-8x7b", 46_702_792_704, 12.9e9),
         # Qwen3's model card: 30.5B in total, 3.3B activated.
         ("qwen3-30b-a3b", 30.5e9, 3.3e9),
+        # DeepSeek-V2's paper: 15.7B in total, 2.4B activated, which leaves out the embedding
+        # table (a lookup, not a multiply; 102,400 × 2,048 = 0.21B).
+        ("deepseek-v2-lite", 15.7e9, 2.4e9 + 102_400 * 2_048),
     ],
 )
 def test_moe_parameter_counts_match_the_model_cards(name: str, total: float, active: float) -> None:
@@ -396,3 +415,20 @@ def test_moe_configs_load_in_each_layout(tmp_path: Path) -> None:
     )
     assert deepseek.shared_expert_intermediate_size == 64 and deepseek.num_dense_layers == 1
     assert deepseek.num_moe_layers == deepseek.num_layers - 1
+
+
+def test_latent_attention_caches_one_vector_per_token_that_tp_does_not_split() -> None:
+    arch = get_model("deepseek-v2-lite")
+    assert arch.uses_latent_attention
+    # 576 elements (512 latent + 64 rotary) per layer instead of 2 × 16 heads × 128.
+    assert arch.kv_bytes_per_token("bf16") == 27 * 576 * 2
+    assert arch.kv_shards(4) == 1
+    assert get_model("llama-3.1-8b").kv_shards(4) == 4
+    assert get_model("llama-3.1-8b").kv_shards(16) == 8  # replicated beyond its 8 KV heads
+
+
+def test_latent_attention_fields_come_together() -> None:
+    with pytest.raises(ValueError, match="needs qk_rope_head_dim and v_head_dim"):
+        _arch(kv_lora_rank=32)
+    with pytest.raises(ValueError, match="set kv_lora_rank too"):
+        _arch(v_head_dim=16)

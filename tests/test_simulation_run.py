@@ -134,6 +134,8 @@ def test_a_mixture_of_experts_simulates_from_the_catalogue_and_from_dimensions()
 
     catalogue = build(parse_scenario(scenario_dict(model="qwen3-30b-a3b"))).run()
     assert catalogue.summary["requests"]["ok"] == catalogue.summary["requests"]["total"]
+    latent = build(parse_scenario(scenario_dict(model="deepseek-v2-lite"))).run()
+    assert latent.summary["requests"]["ok"] == latent.summary["requests"]["total"]
     fields = dataclasses.asdict(get_model("qwen3-30b-a3b"))
     for unsupported in ("attention_bias", "attention_output_bias"):  # not in a custom model
         fields.pop(unsupported)

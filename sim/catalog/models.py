@@ -38,7 +38,13 @@ class ModelArch:
     num_experts``), ``num_experts`` gated experts of width ``moe_intermediate_size`` of which
     each token uses ``num_experts_per_token``, and optionally an always-used shared expert of
     width ``shared_expert_intermediate_size``. Every expert's weights are in memory; a token
-    computes only its own experts'. Invalid values raise ``ValueError`` naming the field.
+    computes only its own experts'.
+
+    Multi-head latent attention (``kv_lora_rank`` > 0, DeepSeek-V2/V3) caches one latent vector
+    of ``kv_lora_rank + qk_rope_head_dim`` elements per token and layer, shared by all heads,
+    instead of a K and a V per KV head; ``head_dim`` is then the per-head query/key width
+    without rotary (``qk_nope_head_dim``), ``v_head_dim`` the value width, and ``q_lora_rank``
+    (0: none) a low-rank query projection. Invalid values raise ``ValueError`` naming the field.
     """
 
     name: str
@@ -59,6 +65,10 @@ class ModelArch:
     moe_intermediate_size: int = 0
     shared_expert_intermediate_size: int = 0
     num_dense_layers: int = 0
+    kv_lora_rank: int = 0
+    q_lora_rank: int = 0
+    qk_rope_head_dim: int = 0
+    v_head_dim: int = 0
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name.strip():
@@ -99,6 +109,51 @@ class ModelArch:
                 )
 
         self._check_experts()
+        self._check_latent_attention()
+
+    def _check_latent_attention(self) -> None:
+        """Latent attention's fields are whole and come together."""
+        fields = (
+            ("kv_lora_rank", self.kv_lora_rank),
+            ("q_lora_rank", self.q_lora_rank),
+            ("qk_rope_head_dim", self.qk_rope_head_dim),
+            ("v_head_dim", self.v_head_dim),
+        )
+        for field_name, value in fields:
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(
+                    f"ModelArch {self.name!r}: {field_name} must be an integer >= 0, got "
+                    f"{value!r}; copy it from the model's config.json (0: standard attention)"
+                )
+        if self.kv_lora_rank and not (self.qk_rope_head_dim and self.v_head_dim):
+            raise ValueError(
+                f"ModelArch {self.name!r}: latent attention (kv_lora_rank) needs "
+                "qk_rope_head_dim and v_head_dim from the model's config.json"
+            )
+        if not self.kv_lora_rank and (self.q_lora_rank or self.qk_rope_head_dim or self.v_head_dim):
+            raise ValueError(
+                f"ModelArch {self.name!r}: q_lora_rank, qk_rope_head_dim and v_head_dim describe "
+                "latent attention; set kv_lora_rank too, or leave them 0"
+            )
+
+    @property
+    def uses_latent_attention(self) -> bool:
+        """Whether attention is multi-head latent attention (one latent KV vector per token)."""
+        return self.kv_lora_rank > 0
+
+    @property
+    def kv_elements_per_token_per_layer(self) -> int:
+        """Elements one token's KV cache holds per layer: K and V per KV head, or the latent."""
+        if self.uses_latent_attention:
+            return self.kv_lora_rank + self.qk_rope_head_dim
+        return 2 * self.num_key_value_heads * self.head_dim
+
+    def kv_shards(self, tensor_parallel_size: int) -> int:
+        """How many ways tensor parallelism splits the KV cache: by KV heads (replicated beyond
+        their count), not at all for a latent, which every GPU keeps whole."""
+        if self.uses_latent_attention:
+            return 1
+        return min(tensor_parallel_size, self.num_key_value_heads)
 
     def _check_experts(self) -> None:
         """A mixture of experts' fields are whole, non-negative and agree with each other."""
@@ -201,7 +256,20 @@ class ModelArch:
 
     @property
     def attention_params_per_layer(self) -> int:
-        """Weights (and biases, if any) of one layer's q, k, v and o projections."""
+        """Weights (and biases, if any) of one layer's q, k, v and o projections; for latent
+        attention its query, latent down- and up-projections, latent norm and output."""
+        if self.uses_latent_attention:
+            heads = self.num_attention_heads
+            q_head = self.head_dim + self.qk_rope_head_dim
+            if self.q_lora_rank:
+                query = self.hidden_size * self.q_lora_rank + self.q_lora_rank
+                query += self.q_lora_rank * heads * q_head
+            else:
+                query = self.hidden_size * heads * q_head
+            down = self.hidden_size * (self.kv_lora_rank + self.qk_rope_head_dim)
+            up = self.kv_lora_rank * heads * (self.head_dim + self.v_head_dim)
+            out = heads * self.v_head_dim * self.hidden_size
+            return query + down + self.kv_lora_rank + up + out
         q_width = self.num_attention_heads * self.head_dim
         kv_width = self.num_key_value_heads * self.head_dim
         weights = self.hidden_size * (q_width + 2 * kv_width) + q_width * self.hidden_size
@@ -262,13 +330,10 @@ class ModelArch:
         return self.num_params * bytes_per_element(dtype)
 
     def kv_bytes_per_token(self, kv_dtype: str) -> float:
-        """KV-cache bytes one token occupies across all layers: a K and a V vector per KV head."""
+        """KV-cache bytes one token occupies across all layers: a K and a V vector per KV head
+        (or one latent vector)."""
         return (
-            2
-            * self.num_layers
-            * self.num_key_value_heads
-            * self.head_dim
-            * (bytes_per_element(kv_dtype))
+            self.num_layers * self.kv_elements_per_token_per_layer * (bytes_per_element(kv_dtype))
         )
 
 
@@ -438,6 +503,31 @@ MODEL_CATALOG: dict[str, ModelArch] = {
         num_experts_per_token=8,
         moe_intermediate_size=768,
     ),
+    # https://huggingface.co/deepseek-ai/DeepSeek-V2-Lite/blob/main/config.json (model_type
+    # deepseek_v2): multi-head latent attention (kv_lora_rank 512, qk_rope_head_dim 64,
+    # qk_nope_head_dim 128, v_head_dim 128, no q_lora_rank); 64 routed experts of width 1408, 6
+    # per token, 2 shared, after one dense layer (first_k_dense_replace 1, intermediate 10944);
+    # 15.7B parameters, 2.4B active (model card).
+    "deepseek-v2-lite": ModelArch(
+        name="deepseek-v2-lite",
+        num_layers=27,
+        hidden_size=2048,
+        num_attention_heads=16,
+        num_key_value_heads=16,
+        head_dim=128,
+        intermediate_size=10944,
+        vocab_size=102400,
+        tie_word_embeddings=False,
+        max_position_embeddings=163840,
+        num_experts=64,
+        num_experts_per_token=6,
+        moe_intermediate_size=1408,
+        shared_expert_intermediate_size=2 * 1408,
+        num_dense_layers=1,
+        kv_lora_rank=512,
+        qk_rope_head_dim=64,
+        v_head_dim=128,
+    ),
     # The random-weight model `servesim live tiny-model` writes for CPU-only live runs
     # (live/tiny_model.py, TinyModelSpec defaults; tests/test_tiny_model.py keeps them equal).
     "servesim-tiny-llama": ModelArch(
@@ -526,11 +616,6 @@ def _moe_fields(config: dict[str, Any], keys: _ConfigKeys, file: Path) -> dict[s
     key = next((k for k in _MOE_KEYS if config.get(k)), None)
     if key is None:
         return {}
-    if config.get("kv_lora_rank"):
-        raise ValueError(
-            f"config.json at {file}: kv_lora_rank marks DeepSeek's multi-head latent attention, "
-            "whose KV cache and attention cost ModelArch does not describe; use a GQA model"
-        )
     if keys.integer("decoder_sparse_step", 1) != 1 or config.get("mlp_only_layers"):
         raise ValueError(
             f"config.json at {file}: experts in only some layers (decoder_sparse_step, "
@@ -558,6 +643,21 @@ def _moe_fields(config: dict[str, Any], keys: _ConfigKeys, file: Path) -> dict[s
     }
 
 
+def _latent_attention_fields(config: dict[str, Any], keys: _ConfigKeys) -> dict[str, Any]:
+    """ModelArch's latent-attention fields from a DeepSeek-V2/V3 config (``kv_lora_rank``,
+    ``qk_nope_head_dim`` as the head_dim, ``qk_rope_head_dim``, ``v_head_dim``,
+    ``q_lora_rank`` or null); empty for standard attention."""
+    if not config.get("kv_lora_rank"):
+        return {}
+    return {
+        "kv_lora_rank": keys.integer("kv_lora_rank"),
+        "q_lora_rank": keys.integer("q_lora_rank") if config.get("q_lora_rank") else 0,
+        "qk_rope_head_dim": keys.integer("qk_rope_head_dim"),
+        "v_head_dim": keys.integer("v_head_dim"),
+        "head_dim": keys.integer("qk_nope_head_dim"),
+    }
+
+
 def load_hf_config(path: str | Path) -> ModelArch:
     """Read a local Hugging Face ``config.json`` (or a directory holding one) into a ModelArch.
 
@@ -580,6 +680,7 @@ def load_hf_config(path: str | Path) -> ModelArch:
     keys = _ConfigKeys(config, file)
     integer, flag = keys.integer, keys.flag
     experts = _moe_fields(config, keys, file)
+    latent = _latent_attention_fields(config, keys)
 
     model_type = config.get("model_type")
     hidden_size = integer("hidden_size")
@@ -604,7 +705,8 @@ def load_hf_config(path: str | Path) -> ModelArch:
         hidden_size=hidden_size,
         num_attention_heads=num_attention_heads,
         num_key_value_heads=integer("num_key_value_heads", num_attention_heads),
-        head_dim=integer("head_dim", hidden_size // num_attention_heads),
+        head_dim=latent.pop("head_dim", None)
+        or integer("head_dim", hidden_size // num_attention_heads),
         intermediate_size=integer("intermediate_size"),
         vocab_size=integer("vocab_size"),
         tie_word_embeddings=flag("tie_word_embeddings"),
@@ -616,6 +718,7 @@ def load_hf_config(path: str | Path) -> ModelArch:
         attention_output_bias=llama_attention_bias,
         qk_norm=model_type in ("qwen3", "qwen3_moe"),
         **experts,
+        **latent,
     )
 
 

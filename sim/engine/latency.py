@@ -463,6 +463,18 @@ class RooflineModel:
         kv_heads_per_gpu = max(1.0, model.num_key_value_heads / tp)  # replicated when tp > kv heads
         self._attn_flops_per_pair = 4.0 * model.head_dim * heads_per_gpu * layers
         self._kv_bytes_per_token = 2.0 * kv_heads_per_gpu * model.head_dim * kv_bytes * layers
+        self._decode_flops_per_pair = self._attn_flops_per_pair
+        if model.uses_latent_attention:
+            # Latent attention as vLLM's MLA backends run it: a prefill attends like multi-head
+            # attention over decompressed keys (q·k over head_dim + rope, then v_head_dim); a
+            # decode absorbs the up-projections and attends over the latent itself (q·k over
+            # kv_lora_rank + rope, then kv_lora_rank). Every GPU reads the whole latent cache.
+            rope, latent = model.qk_rope_head_dim, model.kv_lora_rank
+            self._attn_flops_per_pair = (
+                2.0 * heads_per_gpu * (model.head_dim + rope + model.v_head_dim) * layers
+            )
+            self._decode_flops_per_pair = 2.0 * heads_per_gpu * (2 * latent + rope) * layers
+            self._kv_bytes_per_token = (latent + rope) * kv_bytes * layers
         # Naive attention materialises the score matrix (fp32 write + read) per head and layer.
         self._score_bytes_per_pair = 0.0 if p.flash_attention else 8.0 * heads_per_gpu * layers
         self._activation_bytes_per_token = model.hidden_size * activation_bytes
@@ -470,7 +482,7 @@ class RooflineModel:
         # reads and writes the hidden state (2 × 2h), rotary reads and writes q and k (~4h
         # for MHA, less with GQA: 2·(h + kv_dim)), the two residual adds read two and write one
         # (2 × 3h), SiLU·mul reads gate and up and writes one (3·intermediate).
-        kv_dim = model.num_key_value_heads * model.head_dim
+        kv_dim = model.kv_elements_per_token_per_layer // 2
         elementwise: float = 4 * model.hidden_size + 2 * (model.hidden_size + kv_dim)
         elementwise += 6 * model.hidden_size + 3 * model.active_intermediate_size / tp
         self._elementwise_bytes_per_token = elementwise * activation_bytes * layers
@@ -517,7 +529,7 @@ class RooflineModel:
         communication = self.communication_time(num_seqs)
         send = self.pipeline_send_time(num_seqs)
         overhead = self.params.step_overhead_s
-        flops_per_pair, flops_per_s = self._attn_flops_per_pair, self._attn_flops_per_s
+        flops_per_pair, flops_per_s = self._decode_flops_per_pair, self._attn_flops_per_s
         kv_bytes, score_bytes = self._kv_bytes_per_token, self._score_bytes_per_pair
         bytes_per_s = self._kv_bytes_per_s
         read_once = self.params.shared_kv_read_once
@@ -592,7 +604,7 @@ class RooflineModel:
         if batch.num_decode_seqs:
             context = batch.decode_context_tokens
             total += max(
-                context * self._attn_flops_per_pair / self._attn_flops_per_s,
+                context * self._decode_flops_per_pair / self._attn_flops_per_s,
                 (
                     (context - decode_shared) * self._kv_bytes_per_token
                     + context * self._score_bytes_per_pair

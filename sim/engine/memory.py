@@ -39,7 +39,7 @@ def _memory_room(
     weight_bytes = model.weight_bytes(dtype) / tp / pp
     tokens = max_num_batched_tokens
     activation = tokens * (4 * model.hidden_size + 3 * model.active_intermediate_size / tp) * 2.0
-    kv_per_token = model.kv_bytes_per_token(kv_dtype) / min(tp, model.num_key_value_heads) / pp
+    kv_per_token = model.kv_bytes_per_token(kv_dtype) / model.kv_shards(tp) / pp
     kv_bytes = usable - weight_bytes - activation - FIXED_RESERVE_BYTES
     return _Room(usable, weight_bytes, activation, kv_per_token, kv_bytes)
 

@@ -74,6 +74,7 @@ HF_IDS = {
     "qwen2.5-72b": "Qwen/Qwen2.5-72B",
     "mixtral-8x7b": "mistralai/Mixtral-8x7B-v0.1",
     "qwen3-30b-a3b": "Qwen/Qwen3-30B-A3B",
+    "deepseek-v2-lite": "deepseek-ai/DeepSeek-V2-Lite",
 }
 #: Public AWQ int4 checkpoints of catalogue models (Hugging Face's hugging-quants collection of
 #: the Llama 3.1 Instruct models), for ``--model`` when the weights are int4. Other int4 or int8

@@ -50,8 +50,8 @@ class HFConfigModelSpec(Spec):
 
 
 class CustomModelSpec(Spec):
-    """A decoder given by its dimensions: dense, or a mixture of experts with ``num_experts``
-    (see sim/catalog/models.py ModelArch)."""
+    """A decoder given by its dimensions: dense, or a mixture of experts with ``num_experts``,
+    with latent attention with ``kv_lora_rank`` (see sim/catalog/models.py ModelArch)."""
 
     name: str
     num_layers: PositiveInt
@@ -69,6 +69,10 @@ class CustomModelSpec(Spec):
     moe_intermediate_size: NonNegativeInt = 0
     shared_expert_intermediate_size: NonNegativeInt = 0
     num_dense_layers: NonNegativeInt = 0
+    kv_lora_rank: NonNegativeInt = 0
+    q_lora_rank: NonNegativeInt = 0
+    qk_rope_head_dim: NonNegativeInt = 0
+    v_head_dim: NonNegativeInt = 0
 
 
 class EngineSpec(Spec):
