@@ -93,3 +93,21 @@ def test_a_plan_report_draws_the_front_by_cost(tmp_path: Path) -> None:
     }
     text = plan_report(tmp_path / "p.html", document).read_text()
     assert "b at $2.00/h" in text and "Pareto front" in text
+
+
+def test_a_large_run_is_drawn_at_a_bounded_number_of_points() -> None:
+    from sim.report.html import MAX_POINTS, time_series
+
+    size = 5 * MAX_POINTS + 7
+    values = np.random.default_rng(0).exponential(0.1, size)
+    records = pd.DataFrame(
+        {"status": "ok", "ttft_s": values, "tpot_s": values / 10, "e2e_s": values * 10}
+    )
+    figure = latency_cdfs(records, {})
+    for trace, scale in zip(figure.data, (1.0, 0.1, 10.0), strict=True):
+        assert len(trace.x) == MAX_POINTS
+        assert trace.x[0] == pytest.approx(values.min() * scale * 1e3)
+        assert trace.x[-1] == pytest.approx(values.max() * scale * 1e3)
+        assert trace.y[-1] == 1.0
+    samples = pd.DataFrame({"time_s": np.arange(size), "num_requests_running": np.ones(size)})
+    assert len(time_series(samples).data[0].x) <= MAX_POINTS

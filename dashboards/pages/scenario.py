@@ -328,11 +328,15 @@ def _files(data: dict[str, Any]) -> None:
         parsed = parse_yaml_text(pasted, "pasted YAML")
         _accept(parsed.scenario, parsed.errors)
     uploaded = st.file_uploader("Load scenario YAML", type=["yaml", "yml"], key="yaml_upload")
-    if uploaded is not None and _first_sight("yaml_upload", uploaded.getvalue()):
+    if uploaded is None:  # removed: the same file uploaded again loads again
+        st.session_state.pop("yaml_upload_seen", None)
+    elif _first_sight("yaml_upload", uploaded.getvalue()):
         parsed = parse_upload(uploaded.getvalue(), "uploaded scenario")
         _accept(parsed.scenario, parsed.errors)
     trace = st.file_uploader("Replay a trace (CSV or JSONL)", type=["csv", "jsonl"], key="trace")
-    if trace is not None and _first_sight("trace", trace.getvalue()):
+    if trace is None:
+        st.session_state.pop("trace_seen", None)
+    elif _first_sight("trace", trace.getvalue()):
         path, error = store_trace(
             trace.getvalue(), Path(trace.name).suffix.lower(), upload_directory()
         )

@@ -21,6 +21,11 @@ if TYPE_CHECKING:
 
 #: The latencies a report draws CDFs of: record column, title, and the SLO key that bounds it.
 LATENCIES = (("ttft_s", "TTFT", "ttft_s"), ("tpot_s", "TPOT", "tpot_s"), ("e2e_s", "E2E", "e2e_s"))
+#: The most points a report draws per curve: a CDF is drawn at this many evenly spaced
+#: quantiles, a time series every n-th sample, so a ten-million-request run's report stays a
+#: few megabytes.
+MAX_POINTS = 2000
+
 #: Time-series panels: column, title (the fleet's samples, sim/fleet/timeseries.py).
 SERIES = (
     ("num_requests_waiting", "waiting requests"),
@@ -63,9 +68,13 @@ def latency_cdfs(records: pd.DataFrame, slo: dict[str, Any]) -> go.Figure:
         values = pd.to_numeric(ok[name], errors="coerce").to_numpy(dtype=np.float64)
         values = np.sort(values[np.isfinite(values)]) * 1e3
         if values.size:
+            shares = np.arange(1, values.size + 1) / values.size
+            if values.size > MAX_POINTS:  # the quantiles, first and last included
+                keep = np.linspace(0, values.size - 1, MAX_POINTS).round().astype(int)
+                values, shares = values[keep], shares[keep]
             figure.add_scatter(
                 x=values,
-                y=np.arange(1, values.size + 1) / values.size,
+                y=shares,
                 mode="lines",
                 name=title,
                 showlegend=False,
@@ -85,6 +94,8 @@ def time_series(timeseries: pd.DataFrame) -> go.Figure:
     from plotly.subplots import make_subplots
 
     panels = [(c, t) for c, t in SERIES if c in timeseries.columns]
+    stride = max(1, -(-len(timeseries) // MAX_POINTS))
+    timeseries = timeseries.iloc[::stride]
     figure = make_subplots(
         rows=len(panels) or 1, cols=1, shared_xaxes=True, subplot_titles=[t for _, t in panels]
     )
