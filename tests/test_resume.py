@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -69,7 +69,14 @@ def make_scenario(num_requests: int = 40, rate: float = 200.0, **workload: Any) 
     return parse_scenario(scenario_spec(num_requests, rate, **workload))
 
 
-def run(scenario: Scenario, url: str, out: Path, *, resume: bool = False) -> LiveResult:
+def run(
+    scenario: Scenario,
+    url: str,
+    out: Path,
+    *,
+    resume: bool = False,
+    progress: Callable[[int, int], None] | None = None,
+) -> LiveResult:
     requests = scenario_requests(scenario)
     resume_from = read_resume(out, scenario, requests) if resume else None
     return run_live(
@@ -79,6 +86,7 @@ def run(scenario: Scenario, url: str, out: Path, *, resume: bool = False) -> Liv
         out_dir=out,
         options=OPTIONS,
         resume_from=resume_from,
+        progress=progress,
     )
 
 
@@ -405,25 +413,13 @@ def test_progress_counts_each_request_as_it_ends(server: FaultServer, tmp_path: 
     """The live run's progress bar: one call per ended request, kept ones counted as done."""
     scenario = make_scenario(12)
     calls: list[tuple[int, int]] = []
-    run_live(
-        scenario,
-        Target(server.url("normal"), "tiny"),
-        PromptTokens(VOCAB),
-        out_dir=tmp_path / "a",
-        options=OPTIONS,
-        progress=lambda done, total: calls.append((done, total)),
-    )
+
+    def progress(done: int, total: int) -> None:
+        calls.append((done, total))
+
+    run(scenario, server.url("normal"), tmp_path / "a", progress=progress)
     assert calls == [(done, 12) for done in range(1, 13)]
     write_records(tmp_path / "b", scenario, {0: RequestStatus.OK, 1: RequestStatus.ERROR})
     calls.clear()
-    requests = scenario_requests(scenario)
-    run_live(
-        scenario,
-        Target(server.url("normal"), "tiny"),
-        PromptTokens(VOCAB),
-        out_dir=tmp_path / "b",
-        options=OPTIONS,
-        resume_from=read_resume(tmp_path / "b", scenario, requests),
-        progress=lambda done, total: calls.append((done, total)),
-    )
+    run(scenario, server.url("normal"), tmp_path / "b", resume=True, progress=progress)
     assert calls == [(done, 12) for done in range(2, 13)]

@@ -111,20 +111,22 @@ class ModelArch:
         self._check_experts()
         self._check_latent_attention()
 
-    def _check_latent_attention(self) -> None:
-        """Latent attention's fields are whole and come together."""
-        fields = (
-            ("kv_lora_rank", self.kv_lora_rank),
-            ("q_lora_rank", self.q_lora_rank),
-            ("qk_rope_head_dim", self.qk_rope_head_dim),
-            ("v_head_dim", self.v_head_dim),
-        )
-        for field_name, value in fields:
+    def _check_counts(self, names: tuple[str, ...], zero_means: str) -> None:
+        """Each of the fields ``names`` is an integer >= 0 (0 meaning ``zero_means``)."""
+        for field_name in names:
+            value = getattr(self, field_name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise ValueError(
                     f"ModelArch {self.name!r}: {field_name} must be an integer >= 0, got "
-                    f"{value!r}; copy it from the model's config.json (0: standard attention)"
+                    f"{value!r}; copy it from the model's config.json (0: {zero_means})"
                 )
+
+    def _check_latent_attention(self) -> None:
+        """Latent attention's fields are whole and come together."""
+        self._check_counts(
+            ("kv_lora_rank", "q_lora_rank", "qk_rope_head_dim", "v_head_dim"),
+            "standard attention",
+        )
         if self.kv_lora_rank and not (self.qk_rope_head_dim and self.v_head_dim):
             raise ValueError(
                 f"ModelArch {self.name!r}: latent attention (kv_lora_rank) needs "
@@ -157,21 +159,16 @@ class ModelArch:
 
     def _check_experts(self) -> None:
         """A mixture of experts' fields are whole, non-negative and agree with each other."""
-        counts = (
-            ("num_experts", self.num_experts),
-            ("num_experts_per_token", self.num_experts_per_token),
-            ("moe_intermediate_size", self.moe_intermediate_size),
-            ("shared_expert_intermediate_size", self.shared_expert_intermediate_size),
-            ("num_dense_layers", self.num_dense_layers),
+        names = (
+            "num_experts",
+            "num_experts_per_token",
+            "moe_intermediate_size",
+            "shared_expert_intermediate_size",
+            "num_dense_layers",
         )
-        for field_name, value in counts:
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise ValueError(
-                    f"ModelArch {self.name!r}: {field_name} must be an integer >= 0, got "
-                    f"{value!r}; copy it from the model's config.json (0: a dense model)"
-                )
+        self._check_counts(names, "a dense model")
         if not self.num_experts:
-            if any(value for _, value in counts):
+            if any(getattr(self, name) for name in names):
                 raise ValueError(
                     f"ModelArch {self.name!r}: expert fields without num_experts; set "
                     "num_experts (a mixture of experts) or leave them all 0 (dense)"
