@@ -17,6 +17,7 @@ from typing import Any
 import pandas as pd
 import yaml
 
+from sim.files import safe_load_limited
 from sim.run import SimResult, build
 from sim.scenario import (
     Scenario,
@@ -106,7 +107,9 @@ def parse_yaml_text(text: str, source: str = "scenario") -> Parsed:
     if len(text.encode("utf-8")) > MAX_SCENARIO_BYTES:
         return Parsed(None, [f"{source}: larger than {MAX_SCENARIO_BYTES // 1024} KB"])
     try:
-        data = yaml.safe_load(text)
+        data = safe_load_limited(text)
+    except ValueError as exc:  # nested too deep or too many aliases
+        return Parsed(None, [f"{source}: not read as YAML: {exc}"])
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" (line {mark.line + 1})" if mark is not None else ""

@@ -21,6 +21,59 @@ T = TypeVar("T")
 #: How a document is parsed: by name (``auto``: ``.json`` files as JSON, others as YAML).
 Format = Literal["auto", "json", "yaml"]
 
+#: The most bytes of YAML any reader takes (scenario, sweep, upload): these are hand-written
+#: configuration files of a few kilobytes; traces are CSV or JSONL and never read as YAML.
+MAX_YAML_BYTES = 16 * 1024 * 1024
+#: How deep mappings and lists may nest. A scenario nests five levels; PyYAML composes nodes
+#: recursively, so 100,000 nested ``[`` end in a RecursionError instead of an error message.
+MAX_YAML_DEPTH = 64
+#: The most aliases (``*name``) a document may use: each stands for a whole subtree, so a few
+#: dozen nested ones expand to billions of nodes for whatever walks the result ("billion
+#: laughs").
+MAX_YAML_ALIASES = 256
+#: How deep a JSON document may nest before the reader gives up with a message.
+MAX_JSON_DEPTH = 512
+
+
+def yaml_limit_problem(text: str) -> str | None:
+    """What makes ``text`` too large, too deep or too aliased to parse safely, or None.
+
+    Reads the document as a stream of events (PyYAML's parser keeps its own stack, so this
+    never recurses) and stops at the first limit crossed; a syntax error is left to the loader.
+    """
+    size = len(text.encode("utf-8"))
+    if size > MAX_YAML_BYTES:
+        return f"{size:,} bytes is more than the {MAX_YAML_BYTES:,} a YAML document may hold"
+    depth = aliases = 0
+    try:
+        for event in yaml.parse(text, Loader=yaml.SafeLoader):
+            if isinstance(event, yaml.CollectionStartEvent):
+                depth += 1
+                if depth > MAX_YAML_DEPTH:
+                    line = event.start_mark.line + 1 if event.start_mark else "?"
+                    return (
+                        f"nested more than {MAX_YAML_DEPTH} levels deep (line {line}); a "
+                        "scenario needs about five"
+                    )
+            elif isinstance(event, yaml.CollectionEndEvent):
+                depth -= 1
+            elif isinstance(event, yaml.AliasEvent):
+                aliases += 1
+                if aliases > MAX_YAML_ALIASES:
+                    return f"more than {MAX_YAML_ALIASES} aliases (*name); write the values out"
+    except yaml.YAMLError:
+        return None  # the loader reports it with its line and column
+    return None
+
+
+def safe_load_limited(text: str) -> Any:
+    """``yaml.safe_load`` of ``text`` within the size, depth and alias limits; ValueError
+    naming the limit crossed, ``yaml.YAMLError`` for a syntax error."""
+    problem = yaml_limit_problem(text)
+    if problem is not None:
+        raise ValueError(problem)
+    return yaml.safe_load(text)
+
 
 class DocumentError(ValueError):
     """A file could not be read as a document; ``str()`` is ``PATH: PROBLEM`` on one line.
@@ -101,11 +154,13 @@ def _parse_json(path: Path, text: str) -> Any:
         raise DocumentError(
             path, f"not valid JSON at line {exc.lineno}, column {exc.colno} ({exc.msg})"
         ) from None
+    except RecursionError:  # arrays or objects nested thousands deep
+        raise DocumentError(path, "nested too deeply to read as JSON") from None
 
 
 def _parse_yaml(path: Path, text: str) -> Any:
     try:
-        return yaml.safe_load(text)
+        return safe_load_limited(text)
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         what = " ".join(str(exc.problem or exc.context or "syntax error").split())
@@ -113,6 +168,8 @@ def _parse_yaml(path: Path, text: str) -> Any:
         raise DocumentError(path, f"not valid YAML{where} ({what})") from None
     except yaml.YAMLError as exc:
         raise DocumentError(path, f"not valid YAML ({' '.join(str(exc).split())})") from None
+    except ValueError as exc:  # a limit of safe_load_limited
+        raise DocumentError(path, f"not read as YAML: {exc}") from None
 
 
 _NAMES: dict[type[Any], tuple[str, str]] = {

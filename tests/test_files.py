@@ -90,3 +90,59 @@ def test_the_top_level_type_is_checked_when_asked(
     tmp_path: Path, name: str, content: str, expected: str
 ) -> None:
     assert refusal(write(tmp_path / name, content), expect=dict).problem == expected
+
+
+# -- limits: no input ends in a RecursionError or a billion-node expansion ---------------------
+
+
+def _write(tmp_path: Path, name: str, text: str) -> Path:
+    path = tmp_path / name
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def test_deeply_nested_documents_are_refused_with_a_message(tmp_path: Path) -> None:
+    from sim.files import MAX_YAML_DEPTH
+
+    deep_yaml = _write(tmp_path, "deep.yaml", "[" * 100_000)
+    with pytest.raises(DocumentError, match=f"nested more than {MAX_YAML_DEPTH} levels"):
+        read_document(deep_yaml)
+    deep_json = _write(tmp_path, "deep.json", "[" * 100_000 + "]" * 100_000)
+    with pytest.raises(DocumentError, match="nested too deeply"):
+        read_document(deep_json)
+    # Right at the limit still reads.
+    ok = "[" * MAX_YAML_DEPTH + "]" * MAX_YAML_DEPTH
+    assert read_document(_write(tmp_path, "ok.yaml", ok)) is not None
+
+
+def test_alias_bombs_are_refused_and_ordinary_aliases_read(tmp_path: Path) -> None:
+    from sim.files import MAX_YAML_ALIASES
+
+    lines = ["a0: &a0 [x, x, x, x, x, x, x, x, x]"]
+    lines += [f"a{i}: &a{i} [*a{i - 1}, *a{i - 1}]" for i in range(1, MAX_YAML_ALIASES)]
+    bomb = _write(tmp_path, "bomb.yaml", "\n".join(lines) + "\n")
+    with pytest.raises(DocumentError, match=f"more than {MAX_YAML_ALIASES} aliases"):
+        read_document(bomb)
+    shared = _write(tmp_path, "shared.yaml", "base: &b {rate: 4}\nother: *b\n")
+    assert read_document(shared) == {"base": {"rate": 4}, "other": {"rate": 4}}
+
+
+def test_an_oversized_yaml_document_is_refused_before_parsing() -> None:
+    from sim.files import MAX_YAML_BYTES, yaml_limit_problem
+
+    problem = yaml_limit_problem("x" * (MAX_YAML_BYTES + 1))
+    assert problem is not None and "bytes is more than" in problem
+
+
+def test_a_deep_scenario_exits_2_with_one_line_and_no_traceback(tmp_path: Path) -> None:
+    from tests.test_cli import servesim
+
+    path = _write(tmp_path, "deep.yaml", "{a: " * 50_000)
+    result = servesim("check", str(path))
+    assert result.returncode == 2
+    assert "nested more than" in result.stderr and "Traceback" not in result.stderr
+    pytest.importorskip("streamlit")
+    from dashboards.core import parse_yaml_text
+
+    parsed = parse_yaml_text("[" * 10_000, "pasted YAML")
+    assert parsed.scenario is None and "nested more than" in parsed.errors[0]

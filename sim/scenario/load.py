@@ -13,6 +13,7 @@ import yaml
 from pydantic import ValidationError
 
 from sim.engine.latency import QuantizationWarning, compute_dtype
+from sim.files import safe_load_limited
 from sim.scenario.errors import ScenarioError, format_errors
 from sim.scenario.model import Scenario
 from sim.scenario.sections import ProfileLatencySpec
@@ -112,9 +113,12 @@ def load_scenario(path: str | Path) -> Scenario:
 
 
 def parse_yaml(text: str, source: str) -> Any:
-    """``yaml.safe_load`` with errors reported as file:line:column."""
+    """``yaml.safe_load`` within sim.files' size, depth and alias limits, with errors reported
+    as file:line:column."""
     try:
-        return yaml.safe_load(text)
+        return safe_load_limited(text)
+    except ValueError as exc:  # a limit crossed
+        raise ScenarioError([f"not read as YAML: {exc}"], source) from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
