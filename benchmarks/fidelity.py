@@ -20,6 +20,13 @@ written by ``live/tiny_model.py``) on vLLM's CPU backend, or ``--model DIR``:
 Prints sim/live − 1 per shape and metric (TTFT, TPOT, E2E mean and p90): the mean over the
 repeats and its range, the live run-to-run spread ((max − min) / mean of the live value), and
 whether the error meets the target (|error| ≤ 10%, or within the spread where that is larger).
+
+Right after the calibration and again before each live repeat, a *drift probe* re-measures two
+calibration points (one decode of one sequence, one 128-token prefill; a few seconds). Each
+repeat's drift is its probe against the first one: how much slower (+) or faster (−) the server
+has become since it was calibrated. On a shared 2-core VM the same point moved by 40% within an
+hour, and an error that follows the drift is the machine's, not the model's. The drift is
+printed beside each shape's errors, never applied to them.
 Everything lands in ``--out``; ``--rescore DIR`` reads a finished run's live results and profiles
 back and simulates again (to score a model change without the hour of live runs).
 
@@ -39,7 +46,7 @@ from typing import Any
 
 import numpy as np
 
-from calibration.fit import fit_steps
+from calibration.fit import fit_steps, predict_seconds
 from calibration.measure_plan import MeasurementPlan, parse_budget
 from calibration.measure_runner import measure
 from calibration.profile import fitted_profile
@@ -77,6 +84,20 @@ METRICS = (
 )
 TARGET = 0.10
 PROFILES = ("idle", "loaded")
+#: The drift probe: one prefill and one single-sequence decode, as the calibration measures them.
+PROBE = MeasurementPlan(
+    prefill_lengths=(128,),
+    decode_batches=(1,),
+    decode_contexts=(256,),
+    decode_tokens=48,
+    mixed=False,
+    shared_prefix=False,
+    cached_prefill=False,
+    repetitions=3,
+    max_model_len=2048,
+    max_num_seqs=32,
+    max_num_batched_tokens=2048,
+)
 
 
 def scenario(workload: dict[str, Any], profile: Path | None, seed: int) -> Scenario:
@@ -207,6 +228,7 @@ def calibrate(server: VLLMServer, tokens: PromptTokens, work: Path, args: Any) -
     template = scenario(burst(1), None, 0)
     idle = fitted_profile(template, coefficients, report, engine=EngineInfo(name="vllm"))
     idle_path = idle.save(work / "profile-idle.json")
+    probe_at_calibration = drift(server, PromptTokens(tokens.vocab_size, salt=999), idle_path)
     target = Target(server.url, server.model_name)
     capacity, simulated = live_capacity(
         burst(args.capacity_requests), idle_path, target, tokens, work / "capacity"
@@ -236,6 +258,7 @@ def calibrate(server: VLLMServer, tokens: PromptTokens, work: Path, args: Any) -
         "simulated_shared_capacity_rps": shared_simulated,
         "training": training.workload.model_dump(mode="json"),
         "seconds": args.seconds,
+        "probe_at_calibration": probe_at_calibration,
     }
     (work / "bench.json").write_text(json.dumps(info, indent=2) + "\n")
     return Setup(idle_path, loaded_path, capacity, shared_capacity, info)
@@ -254,6 +277,16 @@ def refit(
     return profile.save(work / "profile-loaded.json")
 
 
+def drift(server: VLLMServer, tokens: PromptTokens, profile: Path) -> float:
+    """How the server's speed now compares with the profile: the geometric mean over the
+    probe's points of measured / predicted seconds (1.2: 20% slower than the profile says)."""
+    measurement = measure(server.url, server.model_name, tokens, PROBE, block_size=32)
+    observations = measurement.observations
+    predicted = predict_seconds(load_profile(profile).coefficients, observations)
+    ratios = [obs.seconds / p for obs, p in zip(observations, predicted, strict=True) if p > 0]
+    return float(np.exp(np.mean(np.log(ratios)))) if ratios else float("nan")
+
+
 def live_runs(
     server: VLLMServer, tokens: PromptTokens, work: Path, setup: Setup, args: Any
 ) -> None:
@@ -264,6 +297,10 @@ def live_runs(
             continue
         for repeat in range(args.repeats):
             out = shape_folder(work, name) / str(repeat)
+            out.mkdir(parents=True, exist_ok=True)
+            probe_tokens = PromptTokens(tokens.vocab_size, salt=1000 + seed * 10 + repeat)
+            ratio = drift(server, probe_tokens, setup.idle)
+            (out / "drift.json").write_text(json.dumps({"measured_over_profile": ratio}) + "\n")
             started = time.monotonic()
             salted = PromptTokens(tokens.vocab_size, salt=1 + repeat)
             result = run_live(scenario(workload, setup.idle, seed), target, salted, out_dir=out)
@@ -271,7 +308,8 @@ def live_runs(
             lag = result.summary["live"]["load_generator_lag_s"]["p99"] or 0.0
             print(
                 f"  live {name} #{repeat}: {len(result.records)} requests in "
-                f"{time.monotonic() - started:.0f} s, send lag p99 {lag * 1e3:.1f} ms",
+                f"{time.monotonic() - started:.0f} s, send lag p99 {lag * 1e3:.1f} ms, "
+                f"drift probe {ratio:.2f}× the profile",
                 flush=True,
             )
 
@@ -289,6 +327,17 @@ def score(work: Path, setup: Setup) -> dict[str, Any]:
         ]
         if not lives:
             continue  # not run (a run stopped early): scored without it
+        # Runs from before the probe ran at calibration compare against the profile itself.
+        baseline = float(setup.info.get("probe_at_calibration") or 1.0)
+        drifts = [
+            json.loads((d / "drift.json").read_text())["measured_over_profile"] / baseline
+            for d in runs
+            if (d / "drift.json").exists()
+        ]
+        table[f"{name}|drift"] = {
+            "since_calibration": [float(x) for x in drifts],
+            "mean": float(np.mean(drifts)) if drifts else None,
+        }
         for label, path in (("idle", setup.idle), ("loaded", setup.loaded)):
             simulated = build(scenario(workload, path, seed)).run().summary
             for latency, stat in METRICS:
@@ -327,6 +376,7 @@ def print_table(table: dict[str, Any], setup: Setup) -> None:
         shape_names = dict.fromkeys(key.split("|")[0] for key in table)
         for name in shape_names:
             cells = []
+            probe = table.get(f"{name}|drift", {}).get("since_calibration") or []
             for latency, stat in METRICS:
                 row = table[f"{name}|{label}|{latency} {stat}"]
                 mark = "✓" if row["meets_target"] else "✗"
@@ -334,7 +384,8 @@ def print_table(table: dict[str, Any], setup: Setup) -> None:
                     f"{row['error_mean']:+.0%} [{row['error_min']:+.0%},{row['error_max']:+.0%}]"
                     f" {row['live_spread']:.0%}{mark}"
                 )
-            print(f"{name:<15}" + "".join(f"{c:>27}" for c in cells))
+            drift_text = " ".join(f"{x - 1:+.0%}" for x in probe) or "—"
+            print(f"{name:<15}" + "".join(f"{c:>27}" for c in cells) + f"   drift {drift_text}")
         met = [r["meets_target"] for k, r in table.items() if f"|{label}|" in k]
         print(f"meets the target: {sum(met)} of {len(met)}")
 
