@@ -9,7 +9,8 @@ from typing import Any
 
 import pytest
 
-from sim.catalog.models import MODEL_CATALOG, ModelArch, get_model, load_hf_config, model_names
+from sim.catalog.hf_config import load_hf_config
+from sim.catalog.models import MODEL_CATALOG, ModelArch, get_model, model_names
 
 
 def _arch(**overrides: Any) -> ModelArch:

@@ -11,8 +11,9 @@ import pytest
 
 from sim.catalog.hardware import get_gpu
 from sim.catalog.models import get_model
-from sim.engine.latency import BatchShape, QuantizationWarning, RooflineModel
+from sim.engine.latency import BatchShape, RooflineModel
 from sim.engine.memory import plan_memory
+from sim.engine.quantization import QuantizationWarning
 from sim.run import build
 from sim.scenario import parse_scenario
 from tests.factories import scenario_dict

@@ -131,7 +131,8 @@ def test_spec_rejects_impossible_shapes(changes: dict[str, int], field: str) -> 
 
 
 def test_the_default_tiny_model_is_the_catalogue_entry(tmp_path: Path) -> None:
-    from sim.catalog.models import get_model, load_hf_config
+    from sim.catalog.hf_config import load_hf_config
+    from sim.catalog.models import get_model
 
     directory = write_tiny_model(tmp_path / "m")
     written = load_hf_config(directory / "config.json")

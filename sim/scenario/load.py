@@ -12,7 +12,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from sim.engine.latency import QuantizationWarning, compute_dtype
+from sim.engine.quantization import QuantizationWarning, compute_dtype
 from sim.files import safe_load_limited
 from sim.scenario.errors import ScenarioError, format_errors
 from sim.scenario.model import Scenario

@@ -8,7 +8,8 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, model_validator
 
 from sim.catalog.hardware import GPU, get_gpu
-from sim.catalog.models import ModelArch, get_model, load_hf_config
+from sim.catalog.hf_config import load_hf_config
+from sim.catalog.models import ModelArch, get_model
 from sim.engine.memory import kv_dtype_for
 from sim.scenario.base import Spec
 from sim.scenario.sections import (
@@ -37,7 +38,7 @@ class Scenario(Spec):
     model: str | HFConfigModelSpec | CustomModelSpec
     gpu: str | CustomGPUSpec
     dtype: Dtype = "bf16"
-    # How quantized weights compute (sim/latency.py QUANTIZATION_METHODS).
+    # How quantized weights compute (sim/engine/quantization.py QUANTIZATION_METHODS).
     quantization: Literal["auto", "weight_only", "w8a8", "bitsandbytes"] = "auto"
     kv_cache_dtype: Literal["auto", "bf16", "fp16", "fp8"] = "auto"
     engine: EngineSpec = EngineSpec()
