@@ -105,12 +105,18 @@ FLOOR_MIN_IMPROVEMENT = 0.9
 _LINEAR_COLUMNS = (1, 2)
 
 
+def _linear_part(design: np.ndarray, values: np.ndarray) -> np.ndarray:
+    """Each row's linear-layer seconds: prefill tokens and decode sequences at their costs."""
+    part: np.ndarray = design[:, _LINEAR_COLUMNS] @ values[list(_LINEAR_COLUMNS)]
+    return part
+
+
 def _predict(design: np.ndarray, values: np.ndarray, floor: float) -> np.ndarray:
     """The model's seconds per row: the linear terms, with the linear layers' part raised to
     ``floor`` where it is below it."""
     total: np.ndarray = design @ values
     if floor:
-        linear = design[:, _LINEAR_COLUMNS] @ values[list(_LINEAR_COLUMNS)]
+        linear = _linear_part(design, values)
         total = total - linear + np.maximum(floor, linear)
     return total
 
@@ -125,7 +131,7 @@ def _fit_floor(
     """The coefficients and linear-layer floor that best fit, started from the linear solution
     ``values`` and a few floors among the steps' linear parts; ``(values, 0.0)`` when no floor
     fits better (a server whose smallest steps already cost their per-token share)."""
-    linear = design[:, _LINEAR_COLUMNS] @ values[list(_LINEAR_COLUMNS)]
+    linear = _linear_part(design, values)
     positive = linear[linear > 0]
     if positive.size < 2:
         return values, 0.0
@@ -153,7 +159,7 @@ def _fit_floor(
     fitted = values.copy()
     fitted[free] = np.maximum(best_x[:-1], 0.0)
     floor = float(max(best_x[-1], 0.0))
-    smallest = float(np.min(design[:, _LINEAR_COLUMNS] @ fitted[list(_LINEAR_COLUMNS)]))
+    smallest = float(np.min(_linear_part(design, fitted)))
     if floor <= smallest:  # below every step's linear part: it changes nothing
         return values, 0.0
     return fitted, floor
