@@ -56,7 +56,7 @@ from live.run import run_live
 from live.server import VLLMServer
 from live.tiny_model import TinyModelSpec, ensure_tiny_model
 from live.tokens import PromptTokens
-from sim.engine.latency import CalibratedCoefficients
+from sim.engine.coefficients import CalibratedCoefficients
 from sim.engine.profile import EngineInfo, load_profile
 from sim.run import build
 from sim.scenario import EngineSpec, Scenario, parse_scenario

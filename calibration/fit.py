@@ -32,7 +32,10 @@ import pandas as pd
 from scipy.optimize import least_squares, lsq_linear
 
 from calibration.observations import Observation
-from sim.engine.latency import CalibratedCoefficients, CalibratedModel
+from sim.engine.coefficients import CalibratedCoefficients
+from sim.engine.latency import (
+    CalibratedModel,
+)
 from sim.engine.profile import FitReport
 
 #: Coefficient names in regressor order: CalibratedModel.features(), then the front-end indicator.

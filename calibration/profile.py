@@ -8,7 +8,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
-from sim.engine.latency import CalibratedCoefficients
+from sim.engine.coefficients import CalibratedCoefficients
 from sim.engine.profile import SCHEMA_VERSION, EngineInfo, FitReport, Profile
 from sim.scenario import Scenario
 

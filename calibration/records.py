@@ -32,9 +32,9 @@ from calibration.fit import (
     usable_records,
 )
 from calibration.observations import Observation
+from sim.engine.coefficients import CalibratedCoefficients
 from sim.engine.latency import (
     BatchShape,
-    CalibratedCoefficients,
     RooflineModel,
     prefill_chunk_pairs,
 )

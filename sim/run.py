@@ -14,7 +14,7 @@ from typing import Any
 from sim.build.fleet import build_simulation
 from sim.build.seeds import scenario_seeds
 from sim.build.workload import build_requests, scenario_requests
-from sim.engine.latency import CalibratedCoefficients
+from sim.engine.coefficients import CalibratedCoefficients
 from sim.engine.request import Request
 from sim.report.outputs import write_outputs
 from sim.report.summary import with_defaults

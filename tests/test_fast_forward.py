@@ -24,9 +24,9 @@ from hypothesis import strategies as st
 
 from sim.catalog.hardware import get_gpu
 from sim.catalog.models import get_model
+from sim.engine.coefficients import CalibratedCoefficients
 from sim.engine.latency import (
     BatchShape,
-    CalibratedCoefficients,
     CalibratedModel,
     ConstantStepModel,
     RooflineModel,

@@ -18,10 +18,10 @@ from calibration.fit import (
     predict_seconds,
 )
 from calibration.observations import Observation
+from sim.engine.coefficients import CalibratedCoefficients
 from sim.engine.kv_cache import KVCacheManager
 from sim.engine.latency import (
     BatchShape,
-    CalibratedCoefficients,
     CalibratedModel,
     prefill_chunk_pairs,
 )

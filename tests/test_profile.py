@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
+from sim.engine.coefficients import CalibratedCoefficients
 from sim.engine.latency import (
     BatchShape,
-    CalibratedCoefficients,
     CalibratedModel,
     prefill_chunk_pairs,
 )

@@ -14,7 +14,11 @@ import pytest
 import yaml
 
 from calibration.records import read_records, replay_requests, roofline_coefficients
-from sim.engine.latency import CalibratedCoefficients, CalibratedModel, RooflineModel
+from sim.engine.coefficients import CalibratedCoefficients
+from sim.engine.latency import (
+    CalibratedModel,
+    RooflineModel,
+)
 from sim.run import build, scenario_requests
 from sim.scenario import parse_scenario
 from tests.factories import scenario_dict

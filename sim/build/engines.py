@@ -11,9 +11,9 @@ import numpy as np
 
 from sim.catalog.hardware import GPU
 from sim.catalog.models import ModelArch
+from sim.engine.coefficients import CalibratedCoefficients
 from sim.engine.kv_cache import KVCacheManager
 from sim.engine.latency import (
-    CalibratedCoefficients,
     CalibratedModel,
     ConstantStepModel,
     ExponentialStepModel,

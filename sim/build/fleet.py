@@ -7,7 +7,10 @@ from __future__ import annotations
 import numpy as np
 
 from sim.build.engines import make_engines, pool_scenario
-from sim.engine.latency import CalibratedCoefficients, IterationTimeModel
+from sim.engine.coefficients import CalibratedCoefficients
+from sim.engine.latency import (
+    IterationTimeModel,
+)
 from sim.engine.memory import MemoryPlan
 from sim.engine.request import Request
 from sim.engine.scheduler import Scheduler

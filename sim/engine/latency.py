@@ -17,7 +17,6 @@ Backends here:
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -25,6 +24,7 @@ import numpy as np
 
 from sim.catalog.hardware import GPU, bytes_per_element
 from sim.catalog.models import ModelArch
+from sim.engine.coefficients import CalibratedCoefficients
 from sim.engine.quantization import (
     BITSANDBYTES_SLOWDOWN,
     compute_dtype,
@@ -124,46 +124,6 @@ class ExponentialStepModel:
     def step_time(self, batch: BatchShape) -> float:
         """A fresh exponential draw."""
         return float(self._rng.exponential(self.mean_s))
-
-
-@dataclass(frozen=True, slots=True)
-class CalibratedCoefficients:
-    """Coefficients of the measured (calibrated) iteration-time model, in seconds.
-
-    ``frontend_overhead_s`` is not part of a step: it is the time a request spends in the
-    server's front end (HTTP, validation, streaming the first token back), which a client sees
-    in TTFT and end-to-end latency.
-    """
-
-    step_overhead_s: float
-    per_prefill_token_s: float
-    per_decode_seq_s: float
-    per_context_token_s: float
-    per_prefill_pair_s: float
-    frontend_overhead_s: float = 0.0
-    # Context tokens the backend reads once for several requests (BatchShape
-    # .shared_context_tokens). None: as dear as any context token (profiles measured without
-    # shared prefixes, and those written before this term existed).
-    per_shared_context_token_s: float | None = None
-    # The least time the linear layers take in a step, however few tokens it computes: reading
-    # their weights from memory once (the roofline's memory-bound side; the per-token terms are
-    # its compute-bound side). 0: the purely linear model of profiles fitted before this term.
-    linear_floor_s: float = 0.0
-
-    def __post_init__(self) -> None:
-        if self.per_shared_context_token_s is None:
-            object.__setattr__(self, "per_shared_context_token_s", self.per_context_token_s)
-        for name in self.__dataclass_fields__:
-            value = getattr(self, name)
-            if not math.isfinite(value) or value < 0:
-                raise ValueError(f"{name}: must be a finite number >= 0, got {value}")
-
-    @property
-    def shared_context_s(self) -> float:
-        """``per_shared_context_token_s``, never None once constructed."""
-        value = self.per_shared_context_token_s
-        assert value is not None
-        return value
 
 
 class CalibratedModel:
@@ -416,7 +376,7 @@ class RooflineModel:
         # for MHA, less with GQA: 2·(h + kv_dim)), the two residual adds read two and write one
         # (2 × 3h), SiLU·mul reads gate and up and writes one (3·intermediate).
         kv_dim = model.kv_elements_per_token_per_layer // 2
-        elementwise: float = 4 * model.hidden_size + 2 * (model.hidden_size + kv_dim)
+        elementwise = float(4 * model.hidden_size + 2 * (model.hidden_size + kv_dim))
         elementwise += 6 * model.hidden_size + 3 * model.active_intermediate_size / tp
         self._elementwise_bytes_per_token = elementwise * activation_bytes * layers
         self._elementwise_floor_s = p.layer_elementwise_s * layers

@@ -16,7 +16,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from sim.engine.latency import CalibratedCoefficients
+from sim.engine.coefficients import CalibratedCoefficients
 
 SCHEMA_VERSION = 1
 
