@@ -1,37 +1,57 @@
 """Simulation speed on the reference scenarios of issue 7 (R1–R4, see sim/reference.py).
 
-For each scenario, the fast-forward engine and the step-by-step engine are run side by side in
-this one invocation, each in a fresh process (so that peak RSS is its own): simulated seconds
-per wall second, requests and engine steps per wall second, peak RSS, and the speed-up of the
-fast mode. Both modes produce the same records (tests/test_fast_forward.py); the last column
-checks it here too (a digest of the records frame). Targets: R1 ≥ 1,000× real time; R2 under
-60 s wall and 2 GB.
+For each scenario, in this one invocation and each in a fresh process (so that peak RSS is its
+own): the compiled engine (mypyc, tools/build_native.py) with fast-forward, the pure-Python
+engine with fast-forward, and the pure-Python engine step by step. Printed: simulated seconds
+per wall second, requests and engine steps per wall second, the wall time per engine step, peak
+RSS, each mode's speed-up over the pure-Python fast-forward run, and whether its records are
+bit-identical to that run's (a digest of the records frame). Targets (issue 17): R1 ≥ 2,000×
+real time; R2 ≤ 30 s wall and ≤ 1 GB.
 
 Run: ``.venv/bin/python benchmarks/speed.py [--full] [--scale 0.1] [--fast-only]
-[--scenarios R1,R2]``.
+[--scenarios R1,R2] [--profile R1]``.
 ``--full`` adds R2 (576,000 requests; minutes). ``--scale`` shrinks every scenario's request
-count (the ratios barely depend on it once there are a few thousand requests).
+count (the ratios barely depend on it once there are a few thousand requests). ``--fast-only``
+skips the step-by-step runs. ``--profile R1`` runs one scenario under cProfile (pure Python, so
+that every engine function shows) and prints the functions that take the most time per step.
 """
 
 from __future__ import annotations
 
 import argparse
+import cProfile
 import hashlib
+import io
 import multiprocessing
+import os
+import pstats
 import resource
+import shutil
+import sys
+import tempfile
 import time
 from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
 from typing import Any
 
-import pandas as pd
+ROOT = Path(__file__).resolve().parents[1]
 
-from sim.reference import reference_scenario
-from sim.run import build
-from sim.scenario import parse_scenario
+
+def python_sources(where: str) -> None:
+    """Import ``sim`` from a copy of its sources without the compiled extensions (a worker's
+    initializer: it runs before anything imports ``sim``)."""
+    sys.path.insert(0, where)
 
 
 def measure(name: str, scale: float, fast_forward: bool) -> dict[str, Any]:
     """One run, in the calling process: speed, peak RSS and a digest of the records."""
+    import pandas as pd
+
+    import sim.engine.scheduler
+    from sim.reference import reference_scenario
+    from sim.run import build
+    from sim.scenario import parse_scenario
+
     data = reference_scenario(name, scale)
     data["simulator"] = {"fast_forward": fast_forward}
     simulation = build(parse_scenario(data))
@@ -42,54 +62,110 @@ def measure(name: str, scale: float, fast_forward: bool) -> dict[str, Any]:
     steps = sum(r.num_steps for r in fleet.replicas) if fleet is not None else 0
     digest = hashlib.sha256(pd.util.hash_pandas_object(result.records).to_numpy()).hexdigest()
     return {
+        "compiled": not sim.engine.scheduler.__file__.endswith(".py"),
         "requests": len(result.records),
         "wall_s": wall,
         "sim_per_wall": result.summary["sim"]["simulated_s"] / wall,
         "requests_per_s": len(result.records) / wall,
         "steps_per_s": steps / wall,
+        "us_per_step": wall / steps * 1e6 if steps else float("nan"),
         "peak_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6,
         "digest": digest[:12],
     }
 
 
-def in_fresh_process(name: str, scale: float, fast_forward: bool) -> dict[str, Any]:
-    """:func:`measure` in a new process, so its peak RSS is not another run's."""
+def in_fresh_process(
+    name: str, scale: float, fast_forward: bool, sources: str | None = None
+) -> dict[str, Any]:
+    """:func:`measure` in a new process, so its peak RSS is not another run's; with
+    ``sources``, on the pure-Python modules copied there."""
     context = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(max_workers=1, mp_context=context) as pool:
+    initializer = (python_sources, (sources,)) if sources else (None, ())
+    with ProcessPoolExecutor(
+        max_workers=1, mp_context=context, initializer=initializer[0], initargs=initializer[1]
+    ) as pool:
         return pool.submit(measure, name, scale, fast_forward).result()
+
+
+def profile(name: str, scale: float, sources: str) -> None:
+    """Run ``name`` under cProfile on the Python sources; print the top functions per step."""
+    sys.path.insert(0, sources)
+    from sim.reference import reference_scenario
+    from sim.run import build
+    from sim.scenario import parse_scenario
+
+    simulation = build(parse_scenario(reference_scenario(name, scale)))
+    profiler = cProfile.Profile()
+    profiler.enable()
+    simulation.run()
+    profiler.disable()
+    fleet = simulation.fleet
+    steps = sum(r.num_steps for r in fleet.replicas) if fleet is not None else 0
+    text = io.StringIO()
+    stats = pstats.Stats(profiler, stream=text)
+    per_step_us = stats.total_tt / steps * 1e6  # type: ignore[attr-defined]
+    print(
+        f"{name}: {steps:,} engine steps, {per_step_us:.1f} us per step under cProfile (its "
+        "overhead included); the 15 functions with the most own time:"
+    )
+    stats.sort_stats("tottime").print_stats(15)
+    print(text.getvalue().split("\n\n", 2)[-1])
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--full", action="store_true", help="also run R2 (576k requests)")
     parser.add_argument("--scale", type=float, default=1.0, help="fraction of each workload")
-    parser.add_argument(
-        "--fast-only", action="store_true", help="skip the step-by-step runs (no ratio)"
-    )
+    parser.add_argument("--fast-only", action="store_true", help="skip the step-by-step runs")
     parser.add_argument("--scenarios", help="comma-separated subset, e.g. R1,R2")
+    parser.add_argument("--profile", metavar="NAME", help="profile one scenario instead")
     args = parser.parse_args()
     names = ["R1", "R3", "R4"] + (["R2"] if args.full else [])
     if args.scenarios:
         names = [name.strip() for name in args.scenarios.split(",")]
+    # The copy's sim/reference.py would look for the traces beside the copy.
+    os.environ.setdefault("SERVESIM_SHARED_DATA", str(ROOT.parent / "shared" / "data"))
+    with tempfile.TemporaryDirectory() as tmp:
+        sources = str(Path(tmp) / "python")
+        shutil.copytree(
+            ROOT / "sim",
+            Path(sources) / "sim",
+            ignore=shutil.ignore_patterns("*.so", "__pycache__"),
+        )
+        if args.profile:
+            profile(args.profile, args.scale, sources)
+            return
+        run_all(names, args.scale, args.fast_only, sources)
+
+
+def run_all(names: list[str], scale: float, fast_only: bool, sources: str) -> None:
+    """The table: each scenario in each mode, side by side."""
     header = (
         "scenario", "mode", "requests", "wall s", "sim s/wall s", "req/s", "steps/s",
-        "peak RSS GB", "speed-up", "same records",
+        "us/step", "peak RSS GB", "speed-up", "same records",
     )  # fmt: skip
     print("".join(f"{h:>13}" for h in header))
     for name in names:
-        fast = in_fresh_process(name, args.scale, True)
-        step = None if args.fast_only else in_fresh_process(name, args.scale, False)
-        for mode, m in (("fast", fast), ("step", step)):
-            if m is None:
-                continue
-            speed_up = f"{step['wall_s'] / m['wall_s']:.2f}x" if step is not None else "-"
-            same = "-" if step is None else ("yes" if fast["digest"] == step["digest"] else "NO")
+        runs: dict[str, dict[str, Any]] = {}
+        native = in_fresh_process(name, scale, True)
+        if native["compiled"]:
+            runs["compiled fast"] = native
+        runs["python fast"] = in_fresh_process(name, scale, True, sources)
+        if not fast_only:
+            runs["python step"] = in_fresh_process(name, scale, False, sources)
+        base = runs["python fast"]
+        for mode, m in runs.items():
+            speed_up = f"{base['wall_s'] / m['wall_s']:.2f}x"
+            same = "yes" if m["digest"] == base["digest"] else "NO"
             print(
                 f"{name:>13}{mode:>13}{m['requests']:>13,.0f}{m['wall_s']:>13.2f}"
                 f"{m['sim_per_wall']:>13.0f}{m['requests_per_s']:>13,.0f}"
-                f"{m['steps_per_s']:>13,.0f}{m['peak_rss_gb']:>13.2f}{speed_up:>13}{same:>13}"
+                f"{m['steps_per_s']:>13,.0f}{m['us_per_step']:>13.1f}{m['peak_rss_gb']:>13.2f}"
+                f"{speed_up:>13}{same:>13}"
             )
-    print("targets: R1 >= 1,000x real time; R2 < 60 s wall and < 2 GB peak RSS")
+        if not native["compiled"]:
+            print(f"{'':>13}(no compiled engine: `make native` builds it)")
+    print("targets: R1 >= 2,000x real time; R2 <= 30 s wall and <= 1 GB peak RSS")
 
 
 if __name__ == "__main__":

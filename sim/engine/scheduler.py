@@ -353,9 +353,11 @@ class ContinuousBatchScheduler(_SchedulerBase):
                 seq.exclusive
                 and computed + num_new <= anonymous_held.get(request_id, 0) * block_size
             )  # the fast path of an anonymous allocation, inline: most decodes take it
-            while not fits and not allocate(
-                request_id, seq.keys, computed, num_new, anonymous=seq.exclusive
-            ):
+            while True:
+                if fits or allocate(
+                    request_id, seq.keys, computed, num_new, anonymous=seq.exclusive
+                ):
+                    break
                 victim = self._pick_victim()
                 if victim is None:  # everyone else is in a running pipeline step: wait
                     seq_preempted = True
@@ -371,8 +373,8 @@ class ContinuousBatchScheduler(_SchedulerBase):
                     index -= 1
                 self._preempt(victim, num_scheduled)
                 preempted.append(victim)
-                if victim is seq:
-                    seq_preempted = True
+                seq_preempted = victim is seq
+                if seq_preempted:
                     break
             if seq_preempted:
                 break  # as vLLM: once a request cannot stay, nothing after it is scheduled

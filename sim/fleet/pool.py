@@ -44,8 +44,24 @@ HardwareOf = Callable[[int], ReplicaHardware]
 class FleetReplica(Replica):
     """A replica as the router sees it: outstanding requests, KV use, cached prefixes."""
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
+    def __init__(
+        self,
+        env: simpy.Environment,
+        replica_id: int,
+        scheduler: Scheduler,
+        latency_model: IterationTimeModel,
+        *,
+        max_model_len: int,
+        on_finish: Callable[[Record], None],
+    ) -> None:
+        super().__init__(
+            env,
+            replica_id,
+            scheduler,
+            latency_model,
+            max_model_len=max_model_len,
+            on_finish=on_finish,
+        )
         self.num_submitted = 0
         self.num_finished = 0
         self.accepting = True
