@@ -83,7 +83,7 @@ def records_frame(records: Iterable[Record]) -> pd.DataFrame:
             "num_preemptions": column("num_preemptions", np.int64),
             "replica_id": column("replica_id", np.int64),
             "priority": column("priority", np.int64),
-            "status": [str(r.status) for r in records],
+            "status": [r.status.value for r in records],  # type: ignore[union-attr]
             "error": [r.error for r in records],
             "ttft_s": first - arrival,
             "tpot_s": tpot,
@@ -92,6 +92,9 @@ def records_frame(records: Iterable[Record]) -> pd.DataFrame:
         },
         columns=list(RECORD_COLUMNS),
     )
+    ids = frame["request_id"].to_numpy()
+    if ids.size < 2 or bool(np.all(ids[1:] > ids[:-1])):
+        return frame  # a simulation's records come in id order: no sorted copy of a big frame
     return frame.sort_values("request_id", kind="stable").reset_index(drop=True)
 
 
@@ -125,14 +128,18 @@ def distribution(
     the simulator's inter-token latencies); the percentiles are those of the expanded samples.
     """
     array = np.asarray(values, dtype=np.float64)
+    weights = None if counts is None else np.asarray(counts, dtype=np.int64)
+    # Copies only where something is dropped: a big run's step samples run to millions.
     finite = np.isfinite(array)
-    array = array[finite]
-    if counts is not None:
-        weights = np.asarray(counts, dtype=np.int64)[finite]
-        array, weights = array[weights > 0], weights[weights > 0]
+    if not finite.all():
+        array = array[finite]
+        weights = None if weights is None else weights[finite]
+    del finite
+    if weights is not None and not (positive := weights > 0).all():
+        array, weights = array[positive], weights[positive]
     if array.size == 0:
         return {"mean": None, **{percentile_key(p): None for p in percentiles}}
-    if counts is None:
+    if weights is None:
         quantiles = np.percentile(array, percentiles)
         mean = float(array.mean())
     else:
@@ -152,7 +159,9 @@ def weighted_percentiles(
     the cumulative counts and interpolated as numpy does."""
     order = np.argsort(values, kind="stable")
     sorted_values = values[order]
-    ends = np.cumsum(counts[order])  # the expanded index after each value's last copy
+    ends = counts[order]
+    del order  # a big run has millions of steps: hold one temporary array at a time
+    np.cumsum(ends, out=ends)  # the expanded index after each value's last copy
     total = int(ends[-1])
     position = np.asarray(percentiles, dtype=np.float64) / 100.0 * (total - 1)
     below = np.floor(position)
@@ -204,7 +213,12 @@ def summarize(
     missed both targets, so a run that rejects half its traffic cannot meet a p90 SLO.
     """
     is_ok = (frame["status"] == RequestStatus.OK.value).to_numpy()
-    ok = frame[is_ok]
+    # The completed requests' columns that the summary reads (not a copy of the whole frame,
+    # whose text columns dominate a big run's memory).
+    ok = {
+        name: frame[name].to_numpy(dtype=np.float64)[is_ok]
+        for name in ("ttft_s", "tpot_s", "e2e_s", "queue_s", "output_tokens", "prompt_tokens")
+    }
     if len(frame):
         start = float(frame["arrival_s"].min())
         end = float(np.nanmax(np.r_[frame["finish_s"].to_numpy(dtype=np.float64), start]))
@@ -214,6 +228,7 @@ def summarize(
     per_s = (lambda x: x / span) if span > 0 else (lambda x: math.nan)
     output_tokens = int(ok["output_tokens"].sum())
     prompt_tokens = int(ok["prompt_tokens"].sum())
+    num_ok = int(is_ok.sum())
     met = slo_met(frame, slo)
     ttft_pct = _percentile_all(frame["ttft_s"].to_numpy(dtype=np.float64), is_ok, slo.percentile)
     tpot_pct = _percentile_all(frame["tpot_s"].to_numpy(dtype=np.float64), is_ok, slo.percentile)
@@ -221,17 +236,17 @@ def summarize(
     e2e_met = slo.e2e_s is None or e2e_pct <= slo.e2e_s
     counts = frame["status"].value_counts()
     summary = {
-        "ttft_s": distribution(ok["ttft_s"].to_numpy(), percentiles=percentiles),
-        "tpot_s": distribution(ok["tpot_s"].to_numpy(), percentiles=percentiles),
+        "ttft_s": distribution(ok["ttft_s"], percentiles=percentiles),
+        "tpot_s": distribution(ok["tpot_s"], percentiles=percentiles),
         "itl_s": distribution(itl_s, itl_counts, percentiles),
-        "e2e_s": distribution(ok["e2e_s"].to_numpy(), percentiles=percentiles),
-        "queue_s": distribution(ok["queue_s"].to_numpy(), percentiles=percentiles),
+        "e2e_s": distribution(ok["e2e_s"], percentiles=percentiles),
+        "queue_s": distribution(ok["queue_s"], percentiles=percentiles),
         "throughput": {
-            "requests_per_s": per_s(len(ok)),
+            "requests_per_s": per_s(num_ok),
             "output_tokens_per_s": per_s(output_tokens),
             "total_tokens_per_s": per_s(output_tokens + prompt_tokens),
             # The interactivity axis: each request's decode speed (1 / TPOT), averaged.
-            "output_tokens_per_s_per_user": _per_user(ok["tpot_s"].to_numpy(dtype=np.float64)),
+            "output_tokens_per_s_per_user": _per_user(ok["tpot_s"]),
         },
         "goodput": {
             "requests_per_s": per_s(int(met.sum())),
