@@ -222,3 +222,16 @@ def test_anonymous_runs_merge_at_the_tail_and_split_at_the_head() -> None:
     assert queue.runs() == [4, 1]
     assert queue.popleft_many(6) == ([0], 5)
     assert queue.num_free == 0
+
+
+def test_never_used_blocks_cost_nothing_until_used() -> None:
+    # A queue of a trillion blocks: one entry each would not fit in memory.
+    queue = FreeBlockQueue(10**12)
+    assert queue.num_free == 10**12 and 10**12 - 1 in queue and 10**12 not in queue
+    assert queue.popleft_many(3) == ([0, 1, 2], 0)
+    queue.extend([1, 0])
+    queue.append_anonymous(4)
+    assert queue.num_free == 10**12 - 3 + 2 + 4
+    assert 5 in queue and 2 not in queue
+    # Never-used blocks stay ahead of freed ones and runs.
+    assert queue.popleft_many(2) == ([3, 4], 0)

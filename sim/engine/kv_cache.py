@@ -37,10 +37,17 @@ class FreeBlockQueue:
     :meth:`KVCacheManager.allocate_slots`). A run keeps its place in the LRU order, so blocks
     with cached content are evicted exactly when they would be; it costs one entry however many
     blocks it holds. Runs are keyed by negative numbers.
+
+    Blocks never used yet are not entries: they are the ids from ``_fresh`` up, ahead of every
+    entry (the head of the queue, in id order, as a queue filled with all ids would hold them).
+    A replica of a big GPU has tens of thousands of blocks, and a fleet of hundreds of replicas
+    would otherwise spend gigabytes on entries for blocks that a run may never touch.
     """
 
     def __init__(self, num_blocks: int) -> None:
-        self._queue: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
+        self._queue: OrderedDict[int, None] = OrderedDict()
+        self._fresh = 0  # ids from here to _num_blocks: never used, free, at the head
+        self._num_blocks = num_blocks
         self._runs: dict[int, int] = {}  # run key (< 0) -> blocks in it
         self._num_anonymous = 0
         self._next_run = -1
@@ -48,7 +55,12 @@ class FreeBlockQueue:
     @property
     def num_free(self) -> int:
         """Blocks in the queue (anonymous ones included)."""
-        return len(self._queue) - len(self._runs) + self._num_anonymous
+        return (
+            len(self._queue)
+            - len(self._runs)
+            + self._num_anonymous
+            + (self._num_blocks - self._fresh)
+        )
 
     @property
     def num_anonymous(self) -> int:
@@ -56,7 +68,9 @@ class FreeBlockQueue:
         return self._num_anonymous
 
     def __contains__(self, block_id: int) -> bool:
-        return block_id >= 0 and block_id in self._queue
+        return block_id >= 0 and (
+            self._fresh <= block_id < self._num_blocks or block_id in self._queue
+        )
 
     def popleft(self) -> int:
         """Remove and return the least recently freed block (there must be no anonymous run
@@ -69,17 +83,26 @@ class FreeBlockQueue:
         """Remove the ``count`` least recently freed blocks: ``(their ids, oldest first; how
         many of them were anonymous)``."""
         assert count <= self.num_free, "not enough free blocks"
+        ids: list[int] = []
+        fresh = self._fresh
+        if fresh < self._num_blocks:  # the never-used blocks come first
+            take = min(count, self._num_blocks - fresh)
+            ids = list(range(fresh, fresh + take))
+            self._fresh = fresh + take
+            count -= take
+            if not count:
+                return ids, 0
         queue = self._queue
         popitem = queue.popitem
         runs = self._runs
         if not runs:
-            return [popitem(False)[0] for _ in range(count)], 0
+            ids += [popitem(False)[0] for _ in range(count)]
+            return ids, 0
         head = next(iter(queue))
         if head < 0 and runs[head] > count:  # all from the run at the head, which goes on
             runs[head] -= count
             self._num_anonymous -= count
-            return [], count
-        ids: list[int] = []
+            return ids, count
         anonymous = 0
         while count:
             key = popitem(False)[0]
@@ -121,17 +144,25 @@ class FreeBlockQueue:
 
     def remove(self, block_id: int) -> None:
         """Take a block out of the queue wherever it is (a cache hit on a free block)."""
+        if block_id >= self._fresh:
+            # Never used, so never a cache hit in a run; the never-used blocks become entries
+            # at the head, in order, so that one can leave from the middle.
+            queue = self._queue
+            for fresh_id in reversed(range(self._fresh, self._num_blocks)):
+                queue[fresh_id] = None
+                queue.move_to_end(fresh_id, last=False)
+            self._fresh = self._num_blocks
         del self._queue[block_id]
 
     def append(self, block_id: int) -> None:
         """Put a block at the tail (most recently freed: evicted last)."""
-        assert block_id not in self._queue
+        assert block_id not in self
         self._queue[block_id] = None
 
     def ids(self) -> list[int]:
         """Entries from head (next to be evicted) to tail: block ids, and a negative key for each
         anonymous run; for tests and debugging."""
-        return list(self._queue)
+        return [*range(self._fresh, self._num_blocks), *self._queue]
 
     def runs(self) -> list[int]:
         """The sizes of the anonymous runs, head to tail; for tests and debugging."""
