@@ -125,6 +125,7 @@ class FakeReplica:
         return self._kv
 
     def cached_prefix_blocks(self, keys: Any) -> int:
+        self.asked = getattr(self, "asked", 0) + 1
         return self._cached
 
 
@@ -133,10 +134,13 @@ def test_policies_pick_what_they_promise() -> None:
     replicas = [FakeReplica(0, 5, 0.9, 0), FakeReplica(1, 2, 0.5, 3), FakeReplica(2, 2, 0.1, 0)]
     assert Router("least_outstanding", rng).choose(replicas, [1]).replica_id == 1  # tie → id
     assert Router("least_kv", rng).choose(replicas, [1]).replica_id == 2
-    assert Router("prefix_affinity", rng).choose(replicas, [1, 2, 3]).replica_id == 1
+    affinity = Router("prefix_affinity", rng)
+    affinity.choose([replicas[1]], [1, 2, 3])  # a request with these blocks went to replica 1
+    assert affinity.choose(replicas, [1, 2, 3]).replica_id == 1
     # The replica with the cached prefix is over the bound: the next candidate is chosen.
     hot = [FakeReplica(0, 0, 0, 0), FakeReplica(1, 30, 0, 9), FakeReplica(2, 0, 0, 0)]
     router = Router("prefix_affinity", rng, load_bound=1.25)
+    router.choose([hot[1]], [7])
     assert router.choose(hot, [7]).replica_id != 1
     rr = Router("round_robin", rng)
     assert [rr.choose(replicas, []).replica_id for _ in range(4)] == [0, 1, 2, 0]
@@ -168,3 +172,18 @@ def test_bad_fleet_knobs_name_the_field() -> None:
         parse_scenario(scenario_dict(fleet={"replicas": 0}))
     with pytest.raises(ScenarioError, match=r"fleet\.router\.load_bound"):
         parse_scenario(scenario_dict(fleet={"router": {"load_bound": 0.5}}))
+
+
+def test_affinity_asks_only_the_replicas_a_request_with_that_first_block_went_to() -> None:
+    # Keys are chained, so only a replica that got a request starting with the same block can
+    # hold a prefix of this one: a fleet of hundreds asks a few replicas, not all.
+    replicas = [FakeReplica(i, 0, 0.0, 4 if i == 3 else 0) for i in range(6)]
+    router = Router("prefix_affinity", np.random.default_rng(0))
+    assert router.choose([replicas[3]], [5, 6, 7, 8]).replica_id == 3
+    assert router.choose(replicas, [5, 6, 7, 8]).replica_id == 3
+    assert [getattr(r, "asked", 0) for r in replicas] == [0, 0, 0, 1, 0, 0]
+    # A request whose content no other request has asks no one and is remembered nowhere.
+    router.choose(replicas, [9, 10], shareable=False)
+    assert [getattr(r, "asked", 0) for r in replicas] == [0, 0, 0, 1, 0, 0]
+    router.choose(replicas, [9, 10])
+    assert sum(getattr(r, "asked", 0) for r in replicas) == 1

@@ -207,7 +207,9 @@ class Fleet:
         if cached or self.router.policy == "prefix_affinity":
             keys = block_keys(sequence_segments(request), kv.block_size, request.total_tokens)
         prompt_blocks = request.prompt_tokens // kv.block_size
-        chosen = self.router.choose(candidates, keys, request.session_id, prompt_blocks)
+        chosen = self.router.choose(
+            candidates, keys, request.session_id, prompt_blocks, shareable=not exclusive
+        )
         assert isinstance(chosen, FleetReplica)
         chosen.num_submitted += 1
         chosen.submit(request, record, keys=keys if cached else [], exclusive=exclusive, **options)

@@ -29,6 +29,7 @@ accepting traffic (ready and not draining). Policies:
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -71,6 +72,10 @@ class Router:
     min_match: float = 0.5
     _turn: int = 0
     _sessions: dict[int, int] = field(default_factory=dict)
+    # First block key → the replicas that requests starting with that block went to: only
+    # those can hold a prefix of a request with the same first block (keys are chained), so
+    # only they are asked how much of it they hold (a fleet of hundreds asks a few, not all).
+    _holders: dict[int, set[int]] = field(default_factory=dict)
     num_affinity_hits: int = 0
     num_hash_placements: int = 0
     num_overflows: int = 0
@@ -93,9 +98,12 @@ class Router:
         keys: Sequence[int],
         session_id: int = -1,
         prompt_blocks: int | None = None,
+        shareable: bool = True,
     ) -> ReplicaLoad:
         """The replica for a request whose sequence has block ``keys`` (chained, full blocks),
-        ``prompt_blocks`` of them its prompt's (all of them when not given)."""
+        ``prompt_blocks`` of them its prompt's (all of them when not given). A request that is
+        not ``shareable`` starts with content no other request has: no replica can hold its
+        prefix, and no later request will look for its blocks."""
         if not candidates:
             raise ValueError("no replica is accepting requests")
         match self.policy:
@@ -111,7 +119,7 @@ class Router:
                 return min(candidates, key=lambda r: (r.kv_usage, r.outstanding, r.replica_id))
             case "prefix_affinity":
                 blocks = len(keys) if prompt_blocks is None else prompt_blocks
-                return self._affinity(candidates, keys, session_id, blocks)
+                return self._affinity(candidates, keys, session_id, blocks, shareable)
         raise AssertionError(self.policy)
 
     def _affinity(
@@ -120,6 +128,7 @@ class Router:
         keys: Sequence[int],
         session_id: int,
         prompt_blocks: int,
+        shareable: bool,
     ) -> ReplicaLoad:
         mean = sum(r.outstanding for r in candidates) / len(candidates)
         limit = max(self.load_bound * (mean + 1.0), mean + 1.0 + self.load_slack)
@@ -134,9 +143,12 @@ class Router:
             )
             if sticky is not None and within(sticky):
                 chosen = sticky
-        if chosen is None and keys:
-            matched = [(r.cached_prefix_blocks(keys), r) for r in candidates]
-            best_blocks = max(blocks for blocks, _ in matched)
+        holders = self._holders.get(keys[0]) if keys and shareable else None
+        if chosen is None and holders:
+            matched = [
+                (r.cached_prefix_blocks(keys), r) for r in candidates if r.replica_id in holders
+            ]
+            best_blocks = max((blocks for blocks, _ in matched), default=0)
             if best_blocks > 0 and best_blocks >= self.min_match * prompt_blocks:
                 best = [r for blocks, r in matched if blocks == best_blocks and within(r)]
                 if best:
@@ -145,8 +157,9 @@ class Router:
         if chosen is None:
             anchor = session_id if session_id >= 0 else (keys[0] if keys else None)
             if anchor is not None:
-                for replica in sorted(candidates, key=lambda r: _rendezvous(anchor, r.replica_id)):
-                    if within(replica):
+                by_id = {r.replica_id: r for r in candidates}
+                for replica_id in _rendezvous_order(anchor, tuple(by_id)):
+                    if within(replica := by_id[replica_id]):
                         chosen = replica
                         self.num_hash_placements += 1
                         break
@@ -155,11 +168,20 @@ class Router:
             self.num_overflows += 1
         if session_id >= 0:
             self._sessions[session_id] = chosen.replica_id
+        if keys and shareable:
+            self._holders.setdefault(keys[0], set()).add(chosen.replica_id)
         return chosen
 
 
 def _least_outstanding(candidates: Sequence[ReplicaLoad]) -> ReplicaLoad:
     return min(candidates, key=lambda r: (r.outstanding, r.replica_id))
+
+
+@functools.lru_cache(maxsize=4096)
+def _rendezvous_order(anchor: int, replica_ids: tuple[int, ...]) -> tuple[int, ...]:
+    """``replica_ids`` in rendezvous order for ``anchor``; the orders of the anchors many
+    requests share (system prompts, sessions) are kept, not hashed again for each request."""
+    return tuple(sorted(replica_ids, key=lambda replica_id: _rendezvous(anchor, replica_id)))
 
 
 def _rendezvous(anchor: int, replica_id: int) -> bytes:
