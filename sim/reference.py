@@ -6,6 +6,10 @@ scenario dicts; ``tests/test_fast_forward.py`` runs small versions of the same o
 * R2: the same on 16 replicas at 160 req/s, 576,000 requests.
 * R3: 8 replicas, multi-turn sessions behind a shared system prompt, prefix-affinity routing.
 * R4: the Azure LLM inference conversation trace (2023) on 2 replicas (about 70 % load).
+* R5: a fleet at scale (issue 17): 256 replicas behind the prefix-affinity router, 10 million
+  requests shaped like the Azure conversation trace (its prompt and answer lengths, drawn from
+  the file; Poisson arrivals at R4's load per replica, 2.8 req/s) behind 64 shared system
+  prompts of 512 tokens (80 % of requests), so that where a request goes matters to the cache.
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-REFERENCE_NAMES = ("R1", "R2", "R3", "R4")
+REFERENCE_NAMES = ("R1", "R2", "R3", "R4", "R5")
 
 #: The public traces (../shared/data beside the repository, or $SERVESIM_SHARED_DATA).
 SHARED_DATA = Path(
@@ -32,7 +36,7 @@ LENGTHS = {
 
 
 def reference_scenario(name: str, scale: float = 1.0) -> dict[str, Any]:
-    """Reference scenario ``name`` (R1–R4) with its request count (or duration) times
+    """Reference scenario ``name`` (R1–R5) with its request count (or duration) times
     ``scale``."""
     if name not in REFERENCE_NAMES:
         raise ValueError(f"reference scenario: one of {', '.join(REFERENCE_NAMES)}, got {name!r}")
@@ -80,5 +84,15 @@ def reference_scenario(name: str, scale: float = 1.0) -> dict[str, Any]:
                     "path": str(SHARED_DATA / "azure_llm_2023" / "AzureLLMInferenceTrace_conv.csv")
                 },
                 "num_requests": max(1, int(19_366 * scale)),
+            }
+        case "R5":
+            azure = str(SHARED_DATA / "azure_llm_2023" / "AzureLLMInferenceTrace_conv.csv")
+            base["fleet"] = {"replicas": 256, "router": {"policy": "prefix_affinity"}}
+            base["workload"] = {
+                "arrival": {"type": "poisson", "rate": 256 * 2.8},
+                "prompt_tokens": {"type": "empirical", "path": azure, "column": "ContextTokens"},
+                "output_tokens": {"type": "empirical", "path": azure, "column": "GeneratedTokens"},
+                "prefix": {"type": "shared", "num_groups": 64, "prefix_tokens": 512, "share": 0.8},
+                "num_requests": max(1, int(10_000_000 * scale)),
             }
     return base
