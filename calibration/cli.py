@@ -35,10 +35,12 @@ def calibrate(
         str, typer.Option(help="with --operators torch: auto, cpu or cuda[:N]")
     ] = "auto",
     records: Annotated[
-        Path | None,
+        list[Path] | None,
         typer.Option(
             help="fit to per-request records instead (a servesim live run or live import: "
-            "records.parquet/.jsonl/.csv or its directory) by replaying them in the simulator"
+            "records.parquet/.jsonl/.csv or its directory) by replaying them in the simulator; "
+            "repeat it to fit several workloads or loads at once, each also left out in turn "
+            "(leave-one-workload-out error)"
         ),
     ] = None,
     max_simulations: Annotated[
@@ -68,6 +70,7 @@ def calibrate(
     The signature is long because typer makes each option a parameter; the body only checks that
     one source of measurements was given and hands over to one helper per source.
     """
+    records = records or None  # typer gives an empty list when the option is absent
     _check_one_source(url=url, launch=launch, operators=operators, records=records)
     if records is not None:
         _calibrate_from_records(
@@ -84,7 +87,7 @@ def calibrate(
 
 
 def _check_one_source(
-    *, url: str | None, launch: bool, operators: str | None, records: Path | None
+    *, url: str | None, launch: bool, operators: str | None, records: list[Path] | None
 ) -> None:
     """Exit with an error naming the options when more than one source of measurements is set."""
     sources = [
@@ -192,43 +195,52 @@ def _calibrate_from_operators(scenario: Scenario, source: str, data_dir: Path, o
 
 
 def _calibrate_from_records(
-    scenario: Scenario, path: Path, max_simulations: int, out: Path, assume_arrivals: bool
+    scenario: Scenario, paths: list[Path], max_simulations: int, out: Path, assume_arrivals: bool
 ) -> None:
     """Search coefficients under which a replay of the records reproduces their latencies."""
+    import pandas as pd
+
     from calibration.profile import EngineInfo, fitted_profile
     from calibration.records import (
         arrivals_unknown,
-        fit_scenario_to_records,
+        fit_scenario_to_replays,
         read_records,
         roofline_coefficients,
     )
     from sim.engine.profile import load_profile
 
-    try:
-        frame = read_records(path)
-    except ValueError as exc:
-        fail(str(exc))
-    unknown = arrivals_unknown(path)
-    if unknown and not assume_arrivals:
-        fail(
-            f"--records: {unknown}; replaying them would fit a burst that never happened. "
-            "Import a file with send times (vllm bench serve --save-detailed), or pass "
-            "--assume-arrivals to fit them as a burst anyway"
-        )
+    frames: dict[str, pd.DataFrame] = {}
+    for path in paths:
+        if str(path) in frames:
+            fail(f"--records: {path} is given twice")
+        try:
+            frames[str(path)] = read_records(path)
+        except ValueError as exc:
+            fail(str(exc))
+        unknown = arrivals_unknown(path)
+        if unknown and not assume_arrivals:
+            fail(
+                f"--records {path}: {unknown}; replaying them would fit a burst that never "
+                "happened. Import a file with send times (vllm bench serve --save-detailed), or "
+                "pass --assume-arrivals to fit them as a burst anyway"
+            )
+    num_records = sum(len(f) for f in frames.values())
     if isinstance(scenario.latency, ProfileLatencySpec):
         initial = load_profile(scenario.latency.path).coefficients
         start = f"the profile {scenario.latency.path}"
     else:
         initial = roofline_coefficients(scenario)
         start = "the scenario's roofline"
+    each = " of each record set" if len(frames) > 1 else ""
     stderr.print(
-        f"fitting {len(frame)} records from {start}: at most {max_simulations} simulations",
+        f"fitting {num_records} records from {start}: at most {max_simulations} simulations"
+        f"{each}" + (f", then each of the {len(frames)} left out in turn" if each else ""),
         highlight=False,
     )
     try:
         with progress("fitting: simulations") as update:
-            coefficients, report, how = fit_scenario_to_records(
-                scenario, frame, initial, max_evaluations=max_simulations, progress=update
+            coefficients, report, hows = fit_scenario_to_replays(
+                scenario, frames, initial, max_evaluations=max_simulations, progress=update
             )
     except ValueError as exc:
         fail(f"--records: {exc}")
@@ -239,19 +251,26 @@ def _calibrate_from_records(
         engine=EngineInfo(name="vllm", version=scenario.engine.vllm_version or ""),
         data_summary={
             "source": "per-request records",
-            "records": str(path),
-            "num_records": len(frame),
-            "replayed": how,
+            "records": str(paths[0]) if len(paths) == 1 else [str(p) for p in paths],
+            "num_records": num_records,
+            "replayed": hows[0] if len(hows) == 1 else hows,
             "started_from": start,
         },
     )
     out.parent.mkdir(parents=True, exist_ok=True)
     profile.save(out)
     stderr.print(
-        f"wrote {out}: TTFT and E2E of {len(frame)} requests, fit error mean "
+        f"wrote {out}: TTFT and E2E of {num_records} requests, fit error mean "
         f"{report.relative_error_mean:.1%}, p90 {report.relative_error_p90:.1%}",
         highlight=False,
     )
+    for held in report.held_out:
+        stderr.print(
+            f"  left out {held['workload']}: TTFT mean |error| "
+            f"{held['ttft_relative_error_mean']:.1%}, E2E {held['e2e_relative_error_mean']:.1%} "
+            "(fitted on the others)",
+            highlight=False,
+        )
     typer.echo(json.dumps(asdict(profile.coefficients)))
 
 

@@ -223,7 +223,91 @@ def fit_scenario_to_records(
     """Coefficients under which the scenario's simulator reproduces ``records`` (see the module
     docstring), the fit report, and which requests were replayed. ``progress(done, total)``
     counts the simulations against the most the fit may run (it may stop sooner)."""
-    requests, how = replay_requests(scenario, records)
+    coefficients, report, hows = fit_scenario_to_replays(
+        scenario, {"records": records}, initial, max_evaluations=max_evaluations, progress=progress
+    )
+    return coefficients, report, hows[0]
+
+
+def fit_scenario_to_replays(
+    scenario: Scenario,
+    replays: dict[str, pd.DataFrame],
+    initial: CalibratedCoefficients,
+    *,
+    max_evaluations: int = 60,
+    progress: Callable[[int, int], None] | None = None,
+) -> tuple[CalibratedCoefficients, FitReport, list[str]]:
+    """One set of coefficients for several record sets at once (loaded replays of different
+    workloads or rates, by name): every replay's TTFT and E2E errors are fitted together. With
+    two or more, each is also left out in turn: fitted on the others, its own errors are the
+    report's ``held_out`` entries (leave-one-workload-out), which tell how well the fit
+    transfers to a workload it did not see. Returns the coefficients, the report and, per
+    replay, which requests were replayed. Each fit runs at most ``max_evaluations`` simulations
+    of every replay, after the scale grid."""
+    if not replays:
+        raise ValueError("records: give at least one record set")
+    prepared = {name: _Replay.of(scenario, frame) for name, frame in replays.items()}
+    names = list(prepared)
+    fits = 1 + (len(names) if len(names) > 1 else 0)
+    most = (len(SCALES) + max_evaluations) * fits
+    done = 0
+
+    def counted() -> None:
+        nonlocal done
+        done += 1
+        if progress is not None:
+            progress(min(done, most), most)
+
+    coefficients, report = _fit_joint(
+        scenario, [prepared[n] for n in names], initial, max_evaluations, counted
+    )
+    held_out: list[dict[str, float | str]] = []
+    if len(names) > 1:
+        for name in names:
+            others = [prepared[n] for n in names if n != name]
+            fitted, _ = _fit_joint(scenario, others, initial, max_evaluations, counted)
+            replay = prepared[name]
+            errors = relative_residuals(
+                usable_records(replay.records), replay.simulate(scenario, fitted)
+            )
+            ttft, e2e = np.split(np.abs(errors), 2)
+            held_out.append(
+                {
+                    "workload": name,
+                    "ttft_relative_error_mean": float(ttft.mean()),
+                    "e2e_relative_error_mean": float(e2e.mean()),
+                }
+            )
+    report = report.model_copy(update={"held_out": held_out})
+    return coefficients, report, [prepared[n].how for n in names]
+
+
+@dataclasses.dataclass(frozen=True)
+class _Replay:
+    """One record set and the requests whose simulation reproduces it."""
+
+    records: pd.DataFrame
+    requests: list[Request]
+    how: str
+
+    @classmethod
+    def of(cls, scenario: Scenario, records: pd.DataFrame) -> _Replay:
+        requests, how = replay_requests(scenario, records)
+        return cls(records, requests, how)
+
+    def simulate(self, scenario: Scenario, coefficients: CalibratedCoefficients) -> pd.DataFrame:
+        return build(scenario, requests=self.requests, coefficients=coefficients).run().records
+
+
+def _fit_joint(
+    scenario: Scenario,
+    replays: list[_Replay],
+    initial: CalibratedCoefficients,
+    max_evaluations: int,
+    counted: Callable[[], None],
+) -> tuple[CalibratedCoefficients, FitReport]:
+    """The scale grid, then the search, over the replays' records side by side (each replay's
+    request ids moved past the ones before, so that no two requests share an id)."""
     initial = dataclasses.replace(
         initial,
         frontend_overhead_s=initial.frontend_overhead_s or INITIAL_FRONTEND_S,
@@ -232,29 +316,40 @@ def fit_scenario_to_records(
         # lets the search's finite differences see the term at all.
         per_decode_seq_s=max(initial.per_decode_seq_s, initial.step_overhead_s / 200),
     )
+    offsets = [0]
+    for replay in replays[:-1]:
+        top = max(
+            int(replay.records["request_id"].max()),
+            max((r.request_id for r in replay.requests), default=0),
+        )
+        offsets.append(offsets[-1] + top + 1)
 
-    done = 0
-    most = len(SCALES) + max_evaluations
+    def shifted(frame: pd.DataFrame, offset: int) -> pd.DataFrame:
+        return frame.assign(request_id=frame["request_id"] + offset) if offset else frame
+
+    records = pd.concat(
+        [shifted(r.records, o) for r, o in zip(replays, offsets, strict=True)], ignore_index=True
+    )
 
     def simulate(coefficients: CalibratedCoefficients) -> pd.DataFrame:
-        nonlocal done
-        result = build(scenario, requests=requests, coefficients=coefficients).run().records
-        done += 1
-        if progress is not None:
-            progress(min(done, most), most)
-        return result
+        frames = [
+            shifted(r.simulate(scenario, coefficients), o)
+            for r, o in zip(replays, offsets, strict=True)
+        ]
+        counted()
+        return pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
 
     scale, scale_error = _best_scale(records, simulate, initial)
     coefficients, report = fit_from_records(
         records, simulate, _scaled(initial, scale), max_evaluations=max_evaluations
     )
     notes = [
-        f"replayed: {how}",
+        *(f"replayed: {r.how}" for r in replays),
         f"search started from the initial step coefficients × {scale:g} (mean |error| "
         f"{scale_error:.1%}, the best of {len(SCALES)} scales tried first)",
     ]
     report = report.model_copy(update={"notes": [*report.notes, *notes]})
-    return coefficients, report, how
+    return coefficients, report
 
 
 #: Factors tried on the starting step coefficients before the search (a server can be several

@@ -50,6 +50,9 @@ class FitReport(BaseModel):
     relative_error_max: float
     points: list[dict[str, float]] = Field(default_factory=list)  # measured vs predicted, per point
     notes: list[str] = Field(default_factory=list)  # e.g. terms the data could not identify
+    # Leave-one-workload-out (a fit to several record sets): per workload left out, its mean
+    # relative TTFT and E2E errors under coefficients fitted on the others.
+    held_out: list[dict[str, float | str]] = Field(default_factory=list)
 
 
 class Profile(BaseModel):
