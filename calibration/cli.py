@@ -5,7 +5,7 @@ how far the simulator's predictions are from what the server does on another wor
 from __future__ import annotations
 
 import json
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -54,6 +54,14 @@ def calibrate(
             "without start_times) as if every request arrived at 0",
         ),
     ] = False,
+    steps: Annotated[
+        bool,
+        typer.Option(
+            "--steps",
+            help="with --records: rebuild the engine steps from the runs' streamed token times "
+            "(token_times.parquet) and fit those, instead of searching by replay",
+        ),
+    ] = False,
     data_dir: Annotated[
         Path, typer.Option(help="where the operator tables are (shared/data)")
     ] = Path("../shared/data"),
@@ -72,7 +80,11 @@ def calibrate(
     """
     records = records or None  # typer gives an empty list when the option is absent
     _check_one_source(url=url, launch=launch, operators=operators, records=records)
-    if records is not None:
+    if steps and records is None:
+        fail("--steps: rebuilds steps from the token times of --records runs; give --records")
+    if records is not None and steps:
+        _calibrate_from_token_times(load_or_exit(scenario_path), records, out)
+    elif records is not None:
         _calibrate_from_records(
             load_or_exit(scenario_path), records, max_simulations, out, assume_arrivals
         )
@@ -271,6 +283,76 @@ def _calibrate_from_records(
             "(fitted on the others)",
             highlight=False,
         )
+    typer.echo(json.dumps(asdict(profile.coefficients)))
+
+
+def _calibrate_from_token_times(scenario: Scenario, paths: list[Path], out: Path) -> None:
+    """Fit the steps rebuilt from the runs' streamed token times (calibration/steps.py)."""
+    from calibration.fit import fit_steps
+    from calibration.profile import EngineInfo, fitted_profile
+    from calibration.records import read_records
+    from calibration.steps import frontend_from_idle_arrivals, read_token_times, rebuild_steps
+
+    observations = []
+    skipped: dict[str, int] = {}
+    pairs = []
+    for path in paths:
+        if not path.is_dir():
+            fail(f"--records {path}: --steps needs a run directory (records and token_times)")
+        try:
+            records, token_times = read_records(path), read_token_times(path)
+        except ValueError as exc:
+            fail(str(exc))
+        rebuilt = rebuild_steps(
+            records, token_times, max_num_batched_tokens=scenario.engine.max_num_batched_tokens
+        )
+        observations += rebuilt.observations
+        for reason, count in rebuilt.skipped.items():
+            skipped[reason] = skipped.get(reason, 0) + count
+        pairs.append((records, token_times))
+        stderr.print(
+            f"{path}: {rebuilt.num_bursts} token bursts, {len(rebuilt.observations)} steps "
+            f"rebuilt, {sum(rebuilt.skipped.values())} left out",
+            highlight=False,
+        )
+    try:
+        coefficients, report = fit_steps(observations, method_name="token_time_steps")
+    except ValueError as exc:
+        fail(f"--records: {exc}")
+    estimates = [frontend_from_idle_arrivals(r, t, coefficients) for r, t in pairs]
+    used = sum(n for _, n in estimates)
+    frontend = (
+        sum(f * n for f, n in estimates if n) / used if used else coefficients.frontend_overhead_s
+    )
+    coefficients = replace(coefficients, frontend_overhead_s=frontend)
+    notes = [
+        *(f"left out {n} steps: {reason}" for reason, n in skipped.items()),
+        f"front end from {used} requests that found the engine idle"
+        if used
+        else "front end: no request found the engine idle; kept at 0",
+    ]
+    report = report.model_copy(update={"notes": [*report.notes, *notes]})
+    profile = fitted_profile(
+        scenario,
+        coefficients,
+        report,
+        engine=EngineInfo(name="vllm", version=scenario.engine.vllm_version or ""),
+        data_summary={
+            "source": "engine steps rebuilt from streamed token times",
+            "records": [str(p) for p in paths],
+            "num_steps": len(observations),
+            "steps_left_out": skipped,
+            "frontend_requests": used,
+        },
+    )
+    out.parent.mkdir(parents=True, exist_ok=True)
+    profile.save(out)
+    stderr.print(
+        f"wrote {out}: {len(observations)} steps, fit error mean "
+        f"{report.relative_error_mean:.1%}, p90 {report.relative_error_p90:.1%}; front end "
+        f"{frontend * 1e3:.2f} ms from {used} idle arrivals",
+        highlight=False,
+    )
     typer.echo(json.dumps(asdict(profile.coefficients)))
 
 

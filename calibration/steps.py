@@ -1,0 +1,222 @@
+"""Engine steps rebuilt from streamed token times: thousands of loaded steps from one live run.
+
+A streaming server sends the tokens a step produced as soon as the step ends, so the tokens of
+many requests that arrive together close one step, and the time between two such bursts is the
+step between them. What each step computed follows from whose tokens it carried: a request's
+first token ends its prefill (its prompt less the tokens its prefix-cache hit skipped), any
+later token *k* a decode over its prompt plus *k* tokens. Those steps are observations for the
+same least-squares step fit as the isolated calibration points (:func:`calibration.fit.fit_steps`),
+but measured under the load, the batch mix and the host contention the run really had.
+
+A gap is a step's duration only when the engine was busy through it: every request that
+decodes in a step must have decoded in the one before (else a step left no token, as a prompt
+chunk that completes nothing does, and two steps merged), and some request must carry over (a
+step after an idle engine has no start). Steps carrying a prompt longer than one chunk are
+left out too: an earlier chunk of it was computed in a step the times cannot see.
+
+The front end (HTTP, tokenisation, streaming) is not in a step: it is estimated from requests
+that arrived at an idle engine, whose TTFT is the front end plus their prefill step alone.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from calibration.fit import predict_seconds
+from calibration.observations import Observation
+from sim.engine.coefficients import CalibratedCoefficients
+from sim.engine.latency import BatchShape, prefill_chunk_pairs
+
+#: Tokens closer together than this end the same step (streamed chunks of one step reach the
+#: client within a millisecond or so; engine steps of the models calibrated take several).
+DEFAULT_GAP_S = 0.002
+
+
+@dataclass
+class RebuiltSteps:
+    """The steps a run's token times tell, and how many could not be used and why."""
+
+    observations: list[Observation] = field(default_factory=list)
+    num_bursts: int = 0  # token bursts: one per step that produced a token
+    skipped: dict[str, int] = field(default_factory=dict)  # reason -> steps left out
+
+    def skip(self, reason: str) -> None:
+        self.skipped[reason] = self.skipped.get(reason, 0) + 1
+
+
+def read_token_times(run_dir: str | Path) -> pd.DataFrame:
+    """``token_times.parquet`` of a run directory (``servesim run`` or ``servesim live run``
+    with ``output.record_token_times``); ValueError naming the fix when there is none."""
+    path = Path(run_dir) / "token_times.parquet"
+    if not path.is_file():
+        raise ValueError(
+            f"--records {run_dir}: no token_times.parquet to rebuild steps from; run it with "
+            "output: {record_token_times: true}"
+        )
+    frame = pd.read_parquet(path)
+    missing = {"request_id", "token_index", "time_s"} - set(frame.columns)
+    if missing:
+        raise ValueError(f"--records {path}: lacks columns {', '.join(sorted(missing))}")
+    return frame
+
+
+def rebuild_steps(
+    records: pd.DataFrame,
+    token_times: pd.DataFrame,
+    *,
+    max_num_batched_tokens: int,
+    gap_s: float = DEFAULT_GAP_S,
+) -> RebuiltSteps:
+    """The engine steps between bursts of streamed tokens (see the module docstring).
+
+    ``records`` give each request's prompt and cached tokens (servesim records); ``token_times``
+    every streamed token as ``(request_id, token_index, time_s)``.
+    """
+    if gap_s <= 0:
+        raise ValueError(f"gap_s: must be > 0, got {gap_s}")
+    rows = records.set_index("request_id")[["prompt_tokens", "cached_tokens"]]
+    times = token_times.sort_values(["time_s", "request_id", "token_index"], kind="stable")
+    time = times["time_s"].to_numpy(dtype=np.float64)
+    result = RebuiltSteps()
+    if time.size == 0:
+        return result
+    burst_of = np.concatenate([[0], np.cumsum(np.diff(time) > gap_s)])
+    request = times["request_id"].to_numpy()
+    index = times["token_index"].to_numpy()
+    starts = np.flatnonzero(np.r_[True, burst_of[1:] != burst_of[:-1]])
+    ends = np.r_[starts[1:], time.size]
+    result.num_bursts = len(starts)
+    ids = rows.index.astype(int).tolist()
+    prompt = dict(zip(ids, rows["prompt_tokens"].astype(int).tolist(), strict=True))
+    cached = dict(zip(ids, rows["cached_tokens"].astype(int).tolist(), strict=True))
+    # The burst each request's latest token came in (to tell a step that left no token).
+    last_burst: dict[int, int] = {}
+    previous_end = np.nan
+    for burst, (start, end) in enumerate(zip(starts, ends, strict=True)):
+        shape, reason = _shape(
+            request[start:end],
+            index[start:end],
+            burst,
+            last_burst,
+            prompt,
+            cached,
+            max_num_batched_tokens,
+        )
+        began = time[start]
+        if reason:
+            result.skip(reason)
+        else:
+            assert shape is not None
+            result.observations.append(
+                Observation(shape, float(began - previous_end), kind=_kind(shape))
+            )
+        for r in request[start:end]:
+            last_burst[int(r)] = burst
+        previous_end = began
+    return result
+
+
+def _shape(
+    requests: np.ndarray,
+    indices: np.ndarray,
+    burst: int,
+    last_burst: dict[int, int],
+    prompt: dict[int, int],
+    cached: dict[int, int],
+    budget: int,
+) -> tuple[BatchShape | None, str]:
+    """The step that ended in this burst, or why it cannot be told."""
+    prefill_tokens = prefill_seqs = pairs = prefill_context = 0
+    decode_seqs = decode_context = 0
+    carried = False
+    seen: set[int] = set()
+    for request_id, k in zip(requests.tolist(), indices.tolist(), strict=True):
+        if request_id in seen:
+            return None, "several tokens of one request in one burst (steps merged)"
+        seen.add(request_id)
+        if request_id not in prompt:
+            return None, "a token of a request the records do not have"
+        if k == 0:
+            hit = int(cached[request_id])
+            new = int(prompt[request_id]) - hit
+            if new > budget:
+                return None, "a prompt longer than one chunk"
+            prefill_seqs += 1
+            prefill_tokens += new
+            prefill_context += hit
+            pairs += prefill_chunk_pairs(new, hit)
+            continue
+        if last_burst.get(request_id) != burst - 1:
+            return None, "a step that left no token before it"
+        carried = True
+        decode_seqs += 1
+        decode_context += int(prompt[request_id]) + int(k)
+    if not carried:
+        return None, "no request carried over: the engine may have idled before it"
+    return (
+        BatchShape(
+            num_prefill_tokens=prefill_tokens,
+            num_prefill_seqs=prefill_seqs,
+            num_decode_seqs=decode_seqs,
+            prefill_attention_pairs=pairs,
+            prefill_context_tokens=prefill_context,
+            decode_context_tokens=decode_context,
+            num_sampled=prefill_seqs + decode_seqs,
+        ),
+        "",
+    )
+
+
+def _kind(shape: BatchShape) -> str:
+    if shape.num_prefill_seqs and shape.num_decode_seqs:
+        return "mixed"
+    return "prefill" if shape.num_prefill_seqs else "decode"
+
+
+def frontend_from_idle_arrivals(
+    records: pd.DataFrame,
+    token_times: pd.DataFrame,
+    coefficients: CalibratedCoefficients,
+    *,
+    gap_s: float = DEFAULT_GAP_S,
+) -> tuple[float, int]:
+    """The front end's time per request, and from how many requests: the median of TTFT less
+    the predicted prefill step over requests that found the engine idle (no token of another
+    request between their arrival and their first token). NaN when no request did."""
+    times = np.sort(token_times["time_s"].to_numpy(dtype=np.float64))
+    ok = records["status"] == "ok" if "status" in records else np.ones(len(records), dtype=bool)
+    rows = records[ok & np.isfinite(records["first_token_s"].to_numpy(dtype=np.float64))]
+    arrivals = rows["arrival_s"].to_numpy(dtype=np.float64)
+    firsts = rows["first_token_s"].to_numpy(dtype=np.float64)
+    prompts = rows["prompt_tokens"].to_numpy(dtype=np.int64)
+    hits = rows["cached_tokens"].to_numpy(dtype=np.int64)
+    # Any token but its own first one from its arrival to the end of its first token's burst:
+    # another request's step ran before it, or beside it.
+    window = np.searchsorted(times, firsts + gap_s, side="right") - np.searchsorted(
+        times, arrivals, side="right"
+    )
+    estimates = []
+    for arrival, first_token, prompt, hit in zip(
+        arrivals[window <= 1],
+        firsts[window <= 1],
+        prompts[window <= 1],
+        hits[window <= 1],
+        strict=True,
+    ):
+        new = int(prompt - hit)
+        step = BatchShape(
+            num_prefill_tokens=new,
+            num_prefill_seqs=1,
+            prefill_attention_pairs=prefill_chunk_pairs(new, int(hit)),
+            prefill_context_tokens=int(hit),
+            num_sampled=1,
+        )
+        predicted = float(predict_seconds(coefficients, [Observation(step, 1.0, "prefill")])[0])
+        estimates.append(float(first_token - arrival) - predicted)
+    if not estimates:
+        return float("nan"), 0
+    return max(0.0, float(np.median(estimates))), len(estimates)
