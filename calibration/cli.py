@@ -309,17 +309,18 @@ def _calibrate_from_token_times(scenario: Scenario, paths: list[Path], out: Path
         observations += rebuilt.observations
         for reason, count in rebuilt.skipped.items():
             skipped[reason] = skipped.get(reason, 0) + count
-        pairs.append((records, token_times))
+        pairs.append((records, token_times, rebuilt.gap_s))
         stderr.print(
-            f"{path}: {rebuilt.num_bursts} token bursts, {len(rebuilt.observations)} steps "
-            f"rebuilt, {sum(rebuilt.skipped.values())} left out",
+            f"{path}: {rebuilt.num_bursts} token bursts (tokens under "
+            f"{rebuilt.gap_s * 1e3:.3g} ms apart end one step), {len(rebuilt.observations)} "
+            f"steps rebuilt, {sum(rebuilt.skipped.values())} left out",
             highlight=False,
         )
     try:
         coefficients, report = fit_steps(observations, method_name="token_time_steps")
     except ValueError as exc:
         fail(f"--records: {exc}")
-    estimates = [frontend_from_idle_arrivals(r, t, coefficients) for r, t in pairs]
+    estimates = [frontend_from_idle_arrivals(r, t, coefficients, gap_s=g) for r, t, g in pairs]
     used = sum(n for _, n in estimates)
     frontend = (
         sum(f * n for f, n in estimates if n) / used if used else coefficients.frontend_overhead_s

@@ -31,15 +31,48 @@ from calibration.observations import Observation
 from sim.engine.coefficients import CalibratedCoefficients
 from sim.engine.latency import BatchShape, prefill_chunk_pairs
 
-#: Tokens closer together than this end the same step (streamed chunks of one step reach the
-#: client within a millisecond or so; engine steps of the models calibrated take several).
+#: Tokens closer together than this end the same step when the run's own gaps do not show
+#: where one step's tokens end and the next step's begin (see :func:`step_gap_s`).
 DEFAULT_GAP_S = 0.002
+
+
+def step_gap_s(times: np.ndarray) -> float:
+    """The gap between consecutive streamed tokens above which a new step's tokens begin.
+
+    The gaps have two modes on a log scale: tokens of one step leave the server one after
+    another (tens of µs apart; a few ms when the API server is busy), steps follow each other
+    tens of ms apart or more. The cut is the emptiest bin of the smoothed histogram of log10
+    gaps between its two highest peaks, when they are at least a decade apart; otherwise (every
+    token of a step at the same instant, as in a simulation) :data:`DEFAULT_GAP_S`.
+    """
+    gaps = np.diff(np.sort(times))
+    gaps = gaps[gaps > 0]
+    if gaps.size < 10:
+        return DEFAULT_GAP_S
+    edges = np.arange(-6.0, 2.05, 0.1)  # 1 µs to 100 s, ten bins a decade
+    counts, _ = np.histogram(np.log10(gaps), bins=edges)
+    smooth = np.convolve(counts, np.ones(3) / 3, mode="same")
+    peaks = [
+        i
+        for i in range(len(smooth))
+        if smooth[i] > 0
+        and smooth[i] >= smooth[max(i - 1, 0)]
+        and smooth[i] >= smooth[min(i + 1, len(smooth) - 1)]
+    ]
+    if len(peaks) < 2:
+        return DEFAULT_GAP_S
+    first, second = sorted(sorted(peaks, key=lambda i: smooth[i])[-2:])
+    if second - first < 10:
+        return DEFAULT_GAP_S
+    valley = first + int(np.argmin(smooth[first : second + 1]))
+    return float(10 ** edges[valley + 1])
 
 
 @dataclass
 class RebuiltSteps:
     """The steps a run's token times tell, and how many could not be used and why."""
 
+    gap_s: float = DEFAULT_GAP_S  # tokens closer together than this ended one step
     observations: list[Observation] = field(default_factory=list)
     num_bursts: int = 0  # token bursts: one per step that produced a token
     skipped: dict[str, int] = field(default_factory=dict)  # reason -> steps left out
@@ -69,19 +102,21 @@ def rebuild_steps(
     token_times: pd.DataFrame,
     *,
     max_num_batched_tokens: int,
-    gap_s: float = DEFAULT_GAP_S,
+    gap_s: float | None = None,
 ) -> RebuiltSteps:
     """The engine steps between bursts of streamed tokens (see the module docstring).
 
     ``records`` give each request's prompt and cached tokens (servesim records); ``token_times``
-    every streamed token as ``(request_id, token_index, time_s)``.
+    every streamed token as ``(request_id, token_index, time_s)``. Tokens less than ``gap_s``
+    apart belong to one step (default: :func:`step_gap_s` of the run's own gaps).
     """
-    if gap_s <= 0:
-        raise ValueError(f"gap_s: must be > 0, got {gap_s}")
     rows = records.set_index("request_id")[["prompt_tokens", "cached_tokens"]]
     times = token_times.sort_values(["time_s", "request_id", "token_index"], kind="stable")
     time = times["time_s"].to_numpy(dtype=np.float64)
-    result = RebuiltSteps()
+    gap_s = step_gap_s(time) if gap_s is None else gap_s
+    if gap_s <= 0:
+        raise ValueError(f"gap_s: must be > 0, got {gap_s}")
+    result = RebuiltSteps(gap_s=gap_s)
     if time.size == 0:
         return result
     burst_of = np.concatenate([[0], np.cumsum(np.diff(time) > gap_s)])

@@ -14,7 +14,12 @@ import yaml
 from typer.testing import CliRunner
 
 from calibration.fit import fit_steps, predict_seconds
-from calibration.steps import frontend_from_idle_arrivals, rebuild_steps
+from calibration.steps import (
+    DEFAULT_GAP_S,
+    frontend_from_idle_arrivals,
+    rebuild_steps,
+    step_gap_s,
+)
 from servesim.cli import app
 from sim.engine.coefficients import CalibratedCoefficients
 from sim.run import build
@@ -124,3 +129,16 @@ def test_calibrate_steps_writes_a_profile_of_the_server(tmp_path: Path) -> None:
     (tmp_path / "run" / "token_times.parquet").unlink()
     result = CliRunner().invoke(app, ["calibrate", *args])
     assert result.exit_code == 2 and "record_token_times" in result.output
+
+
+def test_the_gap_that_ends_a_step_is_read_from_the_runs_own_gaps() -> None:
+    rng = np.random.default_rng(0)
+    # 300 steps 30-80 ms apart, each streaming 20 tokens spread over up to ~3 ms (a busy API
+    # server), as a CPU run's token times look.
+    starts = np.cumsum(rng.uniform(0.03, 0.08, 300))
+    spread = rng.lognormal(np.log(1e-4), 1.0, (300, 20)).cumsum(axis=1)
+    times = (starts[:, None] + np.minimum(spread, 0.003)).ravel()
+    gap = step_gap_s(times)
+    assert 0.003 < gap < 0.03
+    # A simulation's tokens of one step share one instant: no first mode, the default.
+    assert step_gap_s(np.repeat(starts, 5)) == DEFAULT_GAP_S
