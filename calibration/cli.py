@@ -7,13 +7,17 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, replace
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from live.cli import scenario_server
 from sim.console import fail, load_or_exit, progress, stderr
 from sim.scenario import ProfileLatencySpec, Scenario
+
+if TYPE_CHECKING:
+    from sim.engine.coefficients import CalibratedCoefficients
+    from sim.engine.profile import FitReport, Profile
 
 
 def calibrate(
@@ -212,7 +216,6 @@ def _calibrate_from_records(
     """Search coefficients under which a replay of the records reproduces their latencies."""
     import pandas as pd
 
-    from calibration.profile import EngineInfo, fitted_profile
     from calibration.records import (
         arrivals_unknown,
         fit_scenario_to_replays,
@@ -256,12 +259,11 @@ def _calibrate_from_records(
             )
     except ValueError as exc:
         fail(f"--records: {exc}")
-    profile = fitted_profile(
+    profile = _engine_profile(
         scenario,
         coefficients,
         report,
-        engine=EngineInfo(name="vllm", version=scenario.engine.vllm_version or ""),
-        data_summary={
+        {
             "source": "per-request records",
             "records": str(paths[0]) if len(paths) == 1 else [str(p) for p in paths],
             "num_records": num_records,
@@ -286,10 +288,27 @@ def _calibrate_from_records(
     typer.echo(json.dumps(asdict(profile.coefficients)))
 
 
+def _engine_profile(
+    scenario: Scenario,
+    coefficients: CalibratedCoefficients,
+    report: FitReport,
+    data_summary: dict[str, Any],
+) -> Profile:
+    """A profile of records from a vLLM server of the scenario's vLLM version."""
+    from calibration.profile import EngineInfo, fitted_profile
+
+    return fitted_profile(
+        scenario,
+        coefficients,
+        report,
+        engine=EngineInfo(name="vllm", version=scenario.engine.vllm_version or ""),
+        data_summary=data_summary,
+    )
+
+
 def _calibrate_from_token_times(scenario: Scenario, paths: list[Path], out: Path) -> None:
     """Fit the steps rebuilt from the runs' streamed token times (calibration/steps.py)."""
     from calibration.fit import fit_steps
-    from calibration.profile import EngineInfo, fitted_profile
     from calibration.records import read_records
     from calibration.steps import frontend_from_idle_arrivals, read_token_times, rebuild_steps
 
@@ -333,12 +352,11 @@ def _calibrate_from_token_times(scenario: Scenario, paths: list[Path], out: Path
         else "front end: no request found the engine idle; kept at 0",
     ]
     report = report.model_copy(update={"notes": [*report.notes, *notes]})
-    profile = fitted_profile(
+    profile = _engine_profile(
         scenario,
         coefficients,
         report,
-        engine=EngineInfo(name="vllm", version=scenario.engine.vllm_version or ""),
-        data_summary={
+        {
             "source": "engine steps rebuilt from streamed token times",
             "records": [str(p) for p in paths],
             "num_steps": len(observations),

@@ -4,6 +4,7 @@ the step fit on them finds the server's coefficients."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -21,19 +22,14 @@ from calibration.steps import (
     step_gap_s,
 )
 from servesim.cli import app
-from sim.engine.coefficients import CalibratedCoefficients
 from sim.run import build
 from sim.scenario import parse_scenario
 from tests.factories import scenario_dict
+from tests.test_fit import TRUTH as FIT_TRUTH
 
-TRUTH = CalibratedCoefficients(
-    step_overhead_s=0.004,
-    per_prefill_token_s=6e-5,
-    per_decode_seq_s=2e-4,
-    per_context_token_s=3e-8,
-    per_prefill_pair_s=1e-9,
-    frontend_overhead_s=0.003,
-)
+# test_fit's server, with shared context as dear as any: the rebuilt steps cannot tell which
+# context tokens several requests shared.
+TRUTH = dataclasses.replace(FIT_TRUTH, per_shared_context_token_s=None)
 
 
 def loaded_run(rate: float, num_requests: int = 150) -> tuple[pd.DataFrame, pd.DataFrame, int]:

@@ -54,6 +54,8 @@ class FleetReplica(Replica):
         max_model_len: int,
         on_finish: Callable[[Record], None],
     ) -> None:
+        # Replica's parameters spelled out, not *args/**kwargs: mypyc (tools/build_native.py)
+        # compiles this class and cannot forward them to a compiled base.
         super().__init__(
             env,
             replica_id,
