@@ -121,6 +121,53 @@ def test_single_token_requests_finish_on_the_prefill_replica() -> None:
     assert (records["status"] == "ok").all() and set(records["replica_id"]) == {0}
 
 
+@pytest.mark.parametrize("output_tokens", [1, 40])
+def test_token_times_hold_every_token_the_client_sees(output_tokens: int) -> None:
+    # Found by benchmarks/fuzz.py: the first token (made on the prefill replica, delivered with
+    # the KV) was missing from token_times, and a one-token request had none at all.
+    data = disaggregated(1, 1)
+    data["workload"] = {
+        **LONG_PROMPTS,
+        "output_tokens": {"type": "constant", "value": output_tokens},
+    }
+    data["workload"]["num_requests"] = 20
+    data["output"] = {"record_token_times": True}
+    result = build(parse_scenario(data)).run()
+    records = result.records.set_index("request_id")
+    assert (records["status"] == "ok").all()
+    assert result.token_times is not None
+    for request_id, times in result.token_times.groupby("request_id")["time_s"]:
+        assert len(times) == output_tokens
+        assert times.is_monotonic_increasing
+        assert times.iloc[0] == records.loc[request_id, "first_token_s"]
+        assert times.iloc[-1] == records.loc[request_id, "finish_s"]
+    assert result.token_times["request_id"].nunique() == 20
+
+
+def test_a_request_the_decode_pool_rejects_frees_its_prefill_kv() -> None:
+    # Found by benchmarks/fuzz.py: the prefill replica computes prompt + 1 token, which fits
+    # max_model_len; the decode replica then rejects prompt + output, and the prefill copy of
+    # the KV, released only by a transfer, stayed held for the rest of the run.
+    data = disaggregated(1, 1)
+    data["engine"] = {"max_model_len": 2048}
+    data["workload"] = {
+        "arrival": {"type": "poisson", "rate": 4},
+        "prompt_tokens": {"type": "uniform", "low": 500, "high": 1500},
+        "output_tokens": {"type": "uniform", "low": 100, "high": 1000},
+        "num_requests": 60,
+    }
+    simulation = build(parse_scenario(data))
+    records = simulation.run().records
+    too_long = records["prompt_tokens"] + records["output_tokens"] > 2048
+    assert too_long.any() and (~too_long).any()
+    assert (records.loc[too_long, "status"] == "rejected").all()
+    assert (records.loc[~too_long, "status"] == "ok").all()
+    assert simulation.fleet is not None
+    for replica in simulation.fleet.replicas:
+        replica.kv.check_invariants()
+        assert replica.kv.num_free_blocks == replica.kv.num_blocks, replica.replica_id
+
+
 def test_bad_disaggregation_knobs() -> None:
     both = disaggregated()
     both["fleet"]["autoscaling"] = {"target": 500}
@@ -132,3 +179,32 @@ def test_bad_disaggregation_knobs() -> None:
         build(parse_scenario(static))
     with pytest.raises(ScenarioError, match=r"fleet\.disaggregation\.decode\.replicas"):
         parse_scenario(disaggregated(2, {"replicas": 0}))
+
+
+def test_a_decode_preempted_while_its_kv_is_on_the_way_sends_the_first_token_itself() -> None:
+    # Found by benchmarks/fuzz.py (case 6498 of seed 0): a slow link and a small decode cache
+    # preempt requests whose KV is still crossing; their first token came after their finish.
+    data = {
+        "model": "llama-3.1-8b",
+        "gpu": "h100-sxm",
+        "engine": {"max_model_len": 4096, "gpu_memory_utilization": 0.25},
+        "fleet": {
+            "disaggregation": {
+                "prefill": {"replicas": 1},
+                "decode": {"replicas": 1},
+                "link_bandwidth_gb_s": 0.001,
+            }
+        },
+        "workload": {
+            "arrival": {"type": "poisson", "rate": 8},
+            "prompt_tokens": {"type": "constant", "value": 1500},
+            "output_tokens": {"type": "constant", "value": 300},
+            "num_requests": 40,
+        },
+    }
+    simulation = build(parse_scenario(data))
+    records = simulation.run().records
+    assert (records["num_preemptions"] > 0).any()
+    ok = records[records["status"] == "ok"]
+    assert (ok["arrival_s"] <= ok["first_token_s"]).all()
+    assert (ok["first_token_s"] <= ok["finish_s"]).all()

@@ -258,9 +258,14 @@ class ContinuousBatchScheduler(_SchedulerBase):
         pending = [s.kv_ready_s for s in self.running if s.kv_ready_s > now]
         return min(pending) if pending else None
 
-    def _preempt(self, victim: Sequence, num_scheduled: int = 0) -> None:
+    def _preempt(self, victim: Sequence, now: float, num_scheduled: int = 0) -> None:
         """Free ``victim``'s blocks and requeue it first; ``num_scheduled`` tokens of it were
         already scheduled (and their full blocks registered) in the step being planned."""
+        if victim.kv_ready_s > now:
+            # Its prompt's KV was still on the way from a prefill replica, so the first token
+            # never reached the client: this replica recomputes the prompt and sends it.
+            victim.num_generated = 0
+            victim.record.first_token_s = math.nan
         kv = self.kv
         if victim.exclusive and kv.enable_prefix_caching:
             # Register now what the eager path would have registered as the blocks filled.
@@ -371,7 +376,7 @@ class ContinuousBatchScheduler(_SchedulerBase):
                     scheduled[position] = (victim, 0)
                     emptied = True
                     index -= 1
-                self._preempt(victim, num_scheduled)
+                self._preempt(victim, now, num_scheduled)
                 preempted.append(victim)
                 seq_preempted = victim is seq
                 if seq_preempted:

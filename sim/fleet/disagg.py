@@ -6,7 +6,8 @@ the KV moves over the link between them (``link_latency_s + prompt KV bytes per 
 link bandwidth``), occupying both ends while in flight. When it has arrived the prefill replica
 frees its copy, the first token reaches the client (so TTFT includes the transfer, as with
 vLLM's disaggregated proxy, which answers from the decode instance), and the decode replica
-generates the rest.
+generates the rest. A request the decode pool rejects (prompt and output longer than
+``max_model_len``) was prefilled with one output token; its prefill copy is freed at once.
 
 The pools can differ in GPU type and tensor parallelism; each is a :class:`~sim.fleet.pool.Fleet`
 with its own router. Decode replicas are numbered after the prefill ones, so a record's
@@ -81,12 +82,14 @@ class DisaggregatedFleet:
             config.decode_router,
             num_replicas=config.num_decode,
             max_model_len=max_model_len,
-            on_finish=on_finish,
+            on_finish=self._decoded,
             id_offset=config.num_prefill,
             hardware=config.decode_hardware,
         )
         self.router = config.prefill_router
         self._pending: dict[int, tuple[Request, Record]] = {}
+        # Prefill replicas holding a request's KV that no decode replica has admitted yet.
+        self._unsent: dict[int, FleetReplica] = {}
         self.transfer_s: list[float] = []
         self._rows: list[Sample] = []
 
@@ -115,6 +118,7 @@ class DisaggregatedFleet:
             record.status, record.error = prefill_record.status, prefill_record.error
             record.first_token_s = prefill_record.first_token_s
             record.finish_s = prefill_record.finish_s
+            record.token_times_s = prefill_record.token_times_s
             self._on_finish(record)
             return
         transfer_s = self.config.transfer_s(request.prompt_tokens)
@@ -122,16 +126,34 @@ class DisaggregatedFleet:
 
         def admitted(seq: Sequence, start_s: float) -> None:
             # Blocks are allocated on the decode side: the KV moves now, held at both ends.
+            self._unsent.pop(request.request_id, None)
             seq.record.first_token_s = seq.kv_ready_s
-            self.env.process(self._release_after(source, request.request_id, seq.kv_ready_s))
+            recording = bool(prefill_record.token_times_s)
+            self.env.process(self._kv_arrives(source, seq, seq.kv_ready_s, recording))
 
+        self._unsent[request.request_id] = source
         self.decode.submit(request, record, remote_transfer_s=transfer_s, on_kv_admitted=admitted)
 
-    def _release_after(
-        self, replica: FleetReplica, request_id: int, at_s: float
+    def _decoded(self, record: Record) -> None:
+        """A request the decode pool finished. One it never admitted (rejected: prompt and
+        output longer than max_model_len, or than its cache) frees the prefill replica's copy,
+        which no transfer will release."""
+        source = self._unsent.pop(record.request_id, None)
+        if source is not None:
+            source.release_kv(record.request_id)
+        self._on_finish(record)
+
+    def _kv_arrives(
+        self, replica: FleetReplica, seq: Sequence, at_s: float, recording: bool
     ) -> Generator[simpy.Event, Any, None]:
+        """At ``at_s`` the prompt's KV has crossed: the prefill replica frees its copy and the
+        first token reaches the client, its time kept when ``recording`` token times (the
+        decode replica records the later ones) unless the decode replica preempted the request
+        meanwhile, to recompute the prompt itself."""
         yield self.env.timeout(max(0.0, at_s - self.env.now))
-        replica.release_kv(request_id)
+        replica.release_kv(seq.request_id)
+        if recording and seq.kv_ready_s == at_s:
+            seq.record.token_times_s.insert(0, at_s)
 
     # -- the Fleet interface the simulation samples and summarises ----------------------------
     def totals(self) -> _Totals:
