@@ -5,7 +5,6 @@ Bad input ends with one line per problem on stderr and exit code 2, never a trac
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -19,6 +18,7 @@ from sim.catalog.models import MODEL_CATALOG, get_model
 from sim.console import fail, load_or_exit, milliseconds, progress, stderr, warnings_on_stderr
 from sim.engine.latency import BatchShape, RooflineModel, prefill_chunk_pairs
 from sim.engine.memory import kv_dtype_for, plan_memory
+from sim.report.outputs import json_text
 from sim.run import build
 from sim.scenario import (
     Scenario,
@@ -91,7 +91,8 @@ def _print_summary(scenario: Scenario, summary: dict[str, Any]) -> None:
         if cost["total_usd"] is None:
             facts.add_row("cost", f"no price for {', '.join(cost['missing_prices'])}")
         else:
-            facts.add_row("cost (USD/hour)", f"{cost['usd_per_hour']:,.2f}")
+            per_hour = cost["usd_per_hour"]  # None when no time passed (all rejected at t = 0)
+            facts.add_row("cost (USD/hour)", "—" if per_hour is None else f"{per_hour:,.2f}")
             per_m = cost["usd_per_million_output_tokens"]
             facts.add_row(
                 "USD per million output tokens", "—" if per_m is None else f"{per_m:,.3f}"
@@ -179,6 +180,9 @@ def run(
     chosen = _percentiles_or_exit(percentiles)
     if num_replications < 1:
         fail(f"--replications: must be >= 1, got {num_replications}")
+    if seed is not None and seed < 0:
+        # The scenario's own seed is checked the same way; numpy's seed sequences take no sign.
+        fail(f"--seed: must be >= 0, got {seed}")
     with warnings_on_stderr():
         scenario = load_or_exit(scenario_path)
         if seed is not None:
@@ -217,7 +221,7 @@ def run(
             written.append(write_backfill(Path(out) / "metrics.om", text))
         if fmt == "vllm-bench":
             bench_path = Path(out) / "vllm_bench.json"
-            bench_path.write_text(json.dumps(_vllm_bench(scenario, result), indent=2) + "\n")
+            bench_path.write_text(json_text(_vllm_bench(scenario, result)))
             written.append(bench_path)
         for path in written:
             stderr.print(f"wrote {path}", highlight=False)
@@ -233,7 +237,7 @@ def run(
             fail(str(exc))
     if as_json:
         document = _vllm_bench(scenario, result) if fmt == "vllm-bench" else result.summary
-        sys.stdout.write(json.dumps(document, indent=2) + "\n")
+        sys.stdout.write(json_text(document))
     else:
         _print_summary(scenario, result.summary)
         if num_replications > 1:

@@ -24,14 +24,15 @@ from rich.progress import (
     TimeElapsedColumn,
 )
 
-from sim.scenario import Scenario, ScenarioError, default_scenario, load_scenario
+from sim.scenario import Scenario, ScenarioError, clipped, default_scenario, load_scenario
 
 stderr = Console(stderr=True)
 
 
 def fail(message: str, code: int = 2) -> NoReturn:
-    """Print ``error: message`` to stderr and exit (the message is text, not rich markup)."""
-    stderr.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
+    """Print ``error: message`` to stderr and exit (the message is text, not rich markup; one
+    that repeats a huge value is cut in the middle, see :func:`sim.scenario.clipped`)."""
+    stderr.print(f"[bold red]error:[/] {escape(clipped(message))}", highlight=False, soft_wrap=True)
     raise typer.Exit(code=code)
 
 

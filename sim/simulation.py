@@ -428,10 +428,10 @@ class _Run:
         """Run until every request has a status or a bound stops the run; requests not
         finished then end ``cancelled`` with the reason."""
         interval_s = self.sample_interval_s()
+        env, fleet = self.env, self.fleet
+        fleet.sample(0.0, 0, 0)  # a run of no request too: its reports read the fleet at 0
         if not self.records:
             return
-        env, fleet = self.env, self.fleet
-        fleet.sample(0.0, 0, 0)
         env.process(self.arrivals())
         env.process(self.sampling(interval_s))
         limit_s = self.simulation.max_simulated_s

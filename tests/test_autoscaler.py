@@ -196,3 +196,12 @@ def test_autoscaling_knobs_are_checked() -> None:
         )
     with pytest.raises(ScenarioError, match=r"fleet\.autoscaling\.metric"):
         parse_scenario(scenario_dict(fleet={"autoscaling": {"target": 1, "metric": "cpu"}}))
+
+
+def test_an_autoscaled_run_of_no_request_reports_its_fleet() -> None:
+    # Found by benchmarks/fuzz.py: a replay of no request returned before the fleet was ever
+    # sampled, and the autoscaling report took the max over no sample (a traceback).
+    result = build(parse_scenario(step_load()), requests=[]).run()
+    assert result.summary["requests"]["total"] == 0
+    assert result.summary["fleet"]["autoscaling"]["max_replicas_reached"] >= 1
+    assert len(result.timeseries) == 1

@@ -145,8 +145,10 @@ def test_each_bad_scenario_is_one_clear_line_and_exit_2(
         (b"model: [unclosed\n", ("line 2", "invalid YAML")),
         (b'model: !!python/object/apply:os.system ["true"]\n', ("invalid YAML", "tag")),
         (b"\xff\xfe\x00m\x00o", ("cannot read", "utf-8")),
+        # Found by benchmarks/fuzz.py: two lines, the second naming "<unicode string>".
+        (b"model: x\nseed: 1\x00\n", ("line 2, column 8", "unacceptable character")),
     ],
-    ids=["empty", "a list", "broken YAML", "a python tag", "UTF-16 bytes"],
+    ids=["empty", "a list", "broken YAML", "a python tag", "UTF-16 bytes", "a NUL byte"],
 )
 def test_files_that_are_not_scenarios(
     content: bytes, words: tuple[str, ...], tmp_path: Path
@@ -160,6 +162,90 @@ def test_files_that_are_not_scenarios(
 def test_a_directory_or_a_missing_file(tmp_path: Path) -> None:
     for target, words in ((tmp_path, ("cannot read",)), (tmp_path / "no.yaml", ("not found",))):
         result = runner.invoke(app, ["run", str(target)])
+        assert_clean_error(result.output, result.exit_code, words)
+
+
+@pytest.mark.parametrize(
+    ("path", "field"),
+    [
+        ("engine.max_num_seqs", "engine.max_num_seqs"),  # a number
+        ("workload.arrival", "workload.arrival"),  # a section
+        ("workload.prompt_tokens.type", "workload.prompt_tokens"),  # a union's tag
+        ("dtype", "dtype"),  # one of a few words
+    ],
+)
+def test_a_huge_value_is_named_by_its_start_and_length(
+    path: str, field: str, tmp_path: Path
+) -> None:
+    # Found by benchmarks/fuzz.py: each error line repeated the whole value given, so 20,000
+    # characters in a number's place made a 20,000-character line.
+    data = _set(path, "0" * 20_000)(scenario_dict())
+    result = runner.invoke(app, ["check", str(_write(tmp_path, data))])
+    assert_clean_error(result.output, result.exit_code, (field, "(20,002 characters)"))
+    assert max(len(line) for line in result.output.splitlines()) < 300, result.output
+
+
+def test_a_bad_empirical_length_table_is_named_by_its_field(tmp_path: Path) -> None:
+    # Found by benchmarks/fuzz.py: an empty table said only pandas' "No columns to parse from
+    # file", without the field it came from.
+    (tmp_path / "lengths.csv").write_bytes(b"")
+    data = scenario_dict()
+    data["workload"]["output_tokens"] = {
+        "type": "empirical",
+        "path": str(tmp_path / "lengths.csv"),
+        "column": "tokens",
+    }
+    result = runner.invoke(app, ["check", str(_write(tmp_path, data))])
+    assert_clean_error(
+        result.output, result.exit_code, ("workload.output_tokens.path:", "not a CSV table")
+    )
+
+
+@pytest.mark.parametrize(
+    ("path", "value", "words"),
+    [
+        ("gpu", "h100 " * 4000, ("gpu:", "unknown gpu", "characters cut", "known:")),
+        ("model", "llama-" * 4000, ("model:", "unknown model", "characters cut")),
+        ("workload.trace", {"path": "x" * 300}, ("workload.trace.path", "cannot read")),
+    ],
+    ids=["GPU name", "model name", "trace file name"],
+)
+def test_a_huge_name_ends_in_one_readable_line(
+    path: str, value: Any, words: tuple[str, ...], tmp_path: Path
+) -> None:
+    # Found by benchmarks/fuzz.py: a catalogue lookup repeated a 20,000-character name whole,
+    # and a file name longer than the file system takes was an OSError traceback.
+    data = _set(path, value)(scenario_dict())
+    if path == "workload.trace":
+        for key in ("arrival", "prompt_tokens", "output_tokens"):
+            del data["workload"][key]
+    result = runner.invoke(app, ["check", str(_write(tmp_path, data))])
+    assert_clean_error(result.output, result.exit_code, words)
+    assert max(len(line) for line in result.output.splitlines()) < 1100, result.output
+
+
+def test_an_unknown_key_with_invisible_characters_is_shown_escaped(tmp_path: Path) -> None:
+    # Found by benchmarks/fuzz.py: a key holding a right-to-left override was printed as it
+    # is, so the terminal showed the line reordered; a zero-width space was invisible.
+    data = scenario_dict()
+    data["engine"]["max_\u202enum_seqs\u200b"] = 4
+    result = runner.invoke(app, ["check", str(_write(tmp_path, data))])
+    assert_clean_error(
+        result.output, result.exit_code, ("engine.max_\\u202enum_seqs\\u200b: unknown key",)
+    )
+    assert "\u202e" not in result.output and "\u200b" not in result.output
+
+
+def test_a_duration_in_which_no_request_arrives_is_refused(tmp_path: Path) -> None:
+    # Found by benchmarks/fuzz.py: an autoscaled run of no request was a ValueError traceback
+    # (the fleet summary's max() over no samples); without autoscaling, an empty report.
+    data = scenario_dict(fleet={"replicas": 1, "autoscaling": {"target": 500}})
+    data["workload"].update({"arrival": {"type": "constant", "rate": 0.5}, "duration_s": 0.001})
+    del data["workload"]["num_requests"]
+    path = _write(tmp_path, data)
+    for command in ("check", "run"):
+        result = runner.invoke(app, [command, str(path)])
+        words = ("workload.duration_s: no request arrives within 0.001 s",)
         assert_clean_error(result.output, result.exit_code, words)
 
 

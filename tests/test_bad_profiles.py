@@ -17,6 +17,7 @@ import yaml
 from typer.testing import CliRunner
 
 from servesim.cli import app
+from sim.engine.profile import ProfileError, load_profile
 from tests.factories import scenario_dict
 from tests.test_profile import make_profile
 
@@ -215,3 +216,10 @@ def test_a_directory_given_as_the_profile_is_refused(tmp_path: Path, command: st
     assert result.exit_code == 2, result.output
     assert "Traceback" not in result.output
     assert f"latency.path: {tmp_path} is a directory" in result.output
+
+
+def test_a_profile_path_too_long_to_read_is_a_clear_error() -> None:
+    # Found by benchmarks/fuzz.py: the error path asked whether the path was a directory, and
+    # that raised a second OSError (file name too long) as a traceback.
+    with pytest.raises(ProfileError, match="cannot read the profile"):
+        load_profile("p" * 5000 + ".json")

@@ -175,6 +175,39 @@ def assert_one_line_error(
         assert text in output, (text, output)
 
 
+def test_an_unknown_format_names_the_field(tmp_path: Path) -> None:
+    # Found by benchmarks/fuzz.py: "unknown trace format 'csv'; ..." named no field.
+    path = tmp_path / "trace.csv"
+    path.write_text("prompt_tokens,output_tokens\n5,5\n")
+    data = yaml.safe_load(scenario_for(tmp_path, path).read_text())
+    data["workload"]["trace"]["format"] = "csv"
+    data["workload"]["arrival"] = {"type": "poisson", "rate": 1}
+    scenario = tmp_path / "scenario.yaml"
+    scenario.write_text(yaml.safe_dump(data))
+    result = runner.invoke(app, ["check", str(scenario)])
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    assert "error: workload.trace.format: unknown trace format 'csv'; use 'auto'" in result.output
+
+
+@pytest.mark.parametrize("trace_format", ["azure", "auto"])
+def test_a_long_header_is_listed_in_part(tmp_path: Path, trace_format: str) -> None:
+    # Found by benchmarks/fuzz.py: a JSON line of 300 token ids read as a CSV header (format
+    # azure) listed all its 303 "columns", a 1,762-character line; a JSON object with hundreds
+    # of keys did the same. The list stops after a dozen names.
+    record = {"input_toks": 300, "input_tok_ids": list(range(300))}
+    record |= {f"key_{i}": i for i in range(200)}
+    path = tmp_path / "trace.jsonl"
+    path.write_text(json.dumps(record) + "\n")
+    scenario = yaml.safe_load(scenario_for(tmp_path, path).read_text())
+    scenario["workload"]["trace"]["format"] = trace_format
+    scenario["workload"]["num_requests"] = 5
+    scenario_path = tmp_path / "scenario.yaml"
+    scenario_path.write_text(yaml.safe_dump(scenario))
+    result = runner.invoke(app, ["run", str(scenario_path)])
+    assert_one_line_error(result, path, 1, None, "more")
+    assert len(result.output) < 800, result.output
+
+
 # --- bad values in one row ---------------------------------------------------------------------
 
 #: (case, which field gets it, JSON value; CSV writes str(value)), expected message text.

@@ -120,6 +120,45 @@ def test_run_with_replications_reports_intervals_over_seeds(tmp_path: Path) -> N
     assert bad.exit_code == 2 and "--replications" in bad.output
 
 
+def test_a_negative_seed_is_refused_naming_the_flag(tmp_path: Path) -> None:
+    # Found by benchmarks/fuzz.py: it passed check, then run said only "expected non-negative
+    # integer" (numpy's words), naming neither the flag nor the fix.
+    path = tmp_path / "s.yaml"
+    path.write_text(yaml.safe_dump(scenario_dict()))
+    result = runner.invoke(app, ["run", str(path), "--seed", "-1"])
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    assert "--seed: must be >= 0, got -1" in result.output
+
+
+def test_a_run_that_ends_at_time_zero_prints_its_report(tmp_path: Path) -> None:
+    # Found by benchmarks/fuzz.py: every request rejected on arrival at t = 0 (too long for
+    # max_model_len, no front-end delay), so no time passed and the cost per hour is None; the
+    # table's format of it was a TypeError traceback.
+    data = scenario_dict(latency={"type": "constant", "step_s": 0.01})
+    data["workload"].update(
+        {"arrival": {"type": "constant", "rate": "inf"}, "num_requests": 3},
+        prompt_tokens={"type": "constant", "value": 9000},  # above max_model_len=8192
+    )
+    path = tmp_path / "s.yaml"
+    path.write_text(yaml.safe_dump(data))
+    result = runner.invoke(app, ["run", str(path)])
+    assert result.exit_code == 0, result.output
+    assert "3 (rejected 3)" in result.output
+    row = next(line for line in result.output.splitlines() if "cost (USD/hour)" in line)
+    assert "—" in row
+    # No request completed: its rates and latencies are undefined, null in strict JSON (NaN is
+    # not JSON; a parser other than Python's refuses the whole document).
+    as_json = runner.invoke(app, ["run", str(path), "--json", "--out", str(tmp_path / "o")])
+    assert as_json.exit_code == 0, as_json.output
+
+    def no_nan(constant: str) -> None:
+        raise AssertionError(f"{constant} in the JSON")
+
+    for text in (as_json.stdout, (tmp_path / "o" / "summary.json").read_text()):
+        summary = json.loads(text, parse_constant=no_nan)
+        assert summary["throughput"]["requests_per_s"] is None
+
+
 def test_calibrate_url_takes_the_vocabulary_from_the_scenarios_model(tmp_path: Path) -> None:
     # Nothing listens on port 9: the command gets as far as the server (it no longer refuses
     # for want of --vocab-size, which it did not have), and says the server is unreachable.

@@ -146,6 +146,20 @@ def test_empirical_from_file_rejects_non_numeric_and_non_positive(tmp_path: Path
         EmpiricalLength.from_file(tmp_path / "missing.csv", "tokens")
 
 
+def test_empirical_from_a_file_that_is_not_a_csv_table(tmp_path: Path) -> None:
+    # Found by benchmarks/fuzz.py: pandas' own words ("No columns to parse from file", "'utf-8'
+    # codec can't decode byte 0xff"), naming neither the file nor the field.
+    empty = tmp_path / "empty.csv"
+    empty.write_bytes(b"")
+    binary = tmp_path / "binary.csv"
+    binary.write_bytes(b"\xff\xfe1\n2\n")
+    for path in (empty, binary):
+        with pytest.raises(ValueError, match=r"^path: '.*' is not a CSV table with a header row"):
+            EmpiricalLength.from_file(path, "tokens")
+    with pytest.raises(ValueError, match=r"^path: cannot read"):
+        EmpiricalLength.from_file(tmp_path / ("x" * 300), "tokens")  # longer than a file name
+
+
 def test_empirical_values_are_validated_and_frozen() -> None:
     dist = EmpiricalLength(values=(5, 6, 7))
     assert dist.mean == 6.0

@@ -295,6 +295,9 @@ def test_load_hf_config_malformed_json(tmp_path: Path) -> None:
 def test_load_hf_config_missing_file(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match=r"cannot read model config .*nowhere"):
         load_hf_config(tmp_path / "nowhere" / "config.json")
+    # Longer than a file name may be (found by benchmarks/fuzz.py: an OSError traceback).
+    with pytest.raises(ValueError, match=r"cannot read model config .*xxx"):
+        load_hf_config(tmp_path / ("x" * 300))
 
 
 def test_load_hf_config_rejects_non_integer_and_unmodelled_moe(tmp_path: Path) -> None:

@@ -180,6 +180,9 @@ def test_a_trace_refuses_synthetic_lengths_and_missing_files(shared_data: Path) 
     ]
     data["workload"] = {"trace": {"path": "no/such/trace.csv"}, "num_requests": 10}
     assert problems(data) == ["workload.trace.path: file not found: no/such/trace.csv"]
+    # An empty path is not the current directory (found by benchmarks/fuzz.py).
+    data["workload"]["trace"]["path"] = " "
+    assert problems(data) == ["workload.trace.path: empty; give the file's path"]
 
 
 def test_max_model_len_beyond_the_models_positions_is_refused() -> None:

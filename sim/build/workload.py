@@ -86,6 +86,14 @@ def make_lengths(spec: LengthSpec) -> lens.LengthDistribution:
     raise AssertionError(spec)
 
 
+def _lengths_of(field: str, spec: LengthSpec) -> lens.LengthDistribution:
+    """:func:`make_lengths`, its errors (an empirical table's ``path: ...``) under ``field``."""
+    try:
+        return make_lengths(spec)
+    except ValueError as exc:
+        raise ValueError(f"{field}.{exc}") from None
+
+
 def make_prefix(workload: WorkloadSpec) -> PrefixStructure:
     """The prefix/session structure of a synthetic workload."""
     prefix = workload.prefix
@@ -93,14 +101,24 @@ def make_prefix(workload: WorkloadSpec) -> PrefixStructure:
         return SharedPrefix(prefix.num_groups, prefix.prefix_tokens, prefix.share)
     if isinstance(prefix, MultiTurnSpec):
         return MultiTurn(
-            make_lengths(prefix.turns), prefix.think_time_s, prefix.system_prompt_tokens
+            _lengths_of("workload.prefix.turns", prefix.turns),
+            prefix.think_time_s,
+            prefix.system_prompt_tokens,
         )
     return None
 
 
 def build_requests(workload: WorkloadSpec, seed_sequence: np.random.SeedSequence) -> list[Request]:
-    """The scenario's requests, sorted by arrival. Same seed → same requests."""
+    """The scenario's requests, sorted by arrival. Same seed → same requests. A workload
+    without any (no arrival within ``duration_s``) is refused, as an empty trace is."""
     requests = _unprioritised_requests(workload, seed_sequence)
+    if not requests:
+        # Only a time horizon can leave none: num_requests >= 1, and a trace holds a request.
+        assert workload.duration_s is not None
+        raise ValueError(
+            f"workload.duration_s: no request arrives within {workload.duration_s:g} s; "
+            "lengthen duration_s or raise the arrival rate"
+        )
     if workload.priority is None:
         return requests
     classes = workload.priority.classes
@@ -128,6 +146,8 @@ def _unprioritised_requests(
             raise ValueError(f"workload.trace.path: cannot read {path}: {exc.strerror}") from None
         except TraceFormatError as exc:
             raise ValueError(f"workload.trace: {exc}") from None
+        except ValueError as exc:  # a format read_trace does not know
+            raise ValueError(f"workload.trace.format: {exc}") from None
         times = None
         if trace.arrival_s is None:
             if workload.arrival is None:
@@ -156,8 +176,8 @@ def _unprioritised_requests(
     return generate_requests(
         seed_sequence,
         make_arrivals(workload.arrival),
-        make_lengths(workload.prompt_tokens),
-        make_lengths(workload.output_tokens),
+        _lengths_of("workload.prompt_tokens", workload.prompt_tokens),
+        _lengths_of("workload.output_tokens", workload.output_tokens),
         make_prefix(workload),
         num_requests=workload.num_requests,
         duration_s=workload.duration_s,

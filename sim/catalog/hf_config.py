@@ -96,7 +96,13 @@ def load_hf_config(path: str | Path) -> ModelArch:
     and what to fix.
     """
     path = Path(path)
-    file = path / "config.json" if path.is_dir() else path
+    try:
+        file = path / "config.json" if path.is_dir() else path
+    except OSError as error:  # a name longer than the file system takes, say
+        raise ValueError(
+            f"cannot read model config {path}: {error.strerror or error}; pass a config.json "
+            "or the model directory that contains it"
+        ) from None
     config = _read_config_json(file)
     keys = _ConfigKeys(config, file)
     integer, flag = keys.integer, keys.flag

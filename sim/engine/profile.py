@@ -88,7 +88,9 @@ def load_profile(path: str | Path) -> Profile:
     try:
         raw = path.read_bytes()
     except OSError as exc:
-        what = "it is a directory, give the profile's .json file" if path.is_dir() else exc.strerror
+        # IsADirectoryError, not path.is_dir(): that raises again for a name too long to stat.
+        directory = isinstance(exc, IsADirectoryError)
+        what = "it is a directory, give the profile's .json file" if directory else exc.strerror
         raise ProfileError(f"{path}: cannot read the profile: {what}") from None
     try:
         text = raw.decode("utf-8-sig")

@@ -14,7 +14,7 @@ one-line error messages, and :mod:`~sim.scenario.load` reading, checking and wri
 """
 
 from sim.scenario.base import Fraction, PositiveFloat, PositiveInt, Spec
-from sim.scenario.errors import ScenarioError, format_errors
+from sim.scenario.errors import ScenarioError, clipped, format_errors
 from sim.scenario.load import (
     DEFAULT_SCENARIO_FILE,
     check_consistency,
@@ -121,6 +121,7 @@ __all__ = [
     "UniformLengthSpec",
     "WorkloadSpec",
     "check_consistency",
+    "clipped",
     "default_scenario",
     "default_scenario_text",
     "format_errors",

@@ -12,11 +12,25 @@ from pydantic_core import ErrorDetails
 
 from sim.scenario.model import Scenario
 
+#: The longest problem line kept whole. A lower layer that repeats a huge value (an unknown
+#: GPU name of 20,000 characters) is cut in the middle, so its field and its fix stay visible.
+MAX_LINE_CHARS = 1000
+
+
+def clipped(line: str) -> str:
+    """``line``, or its start and end around how many characters were cut if it is longer than
+    :data:`MAX_LINE_CHARS`."""
+    if len(line) <= MAX_LINE_CHARS:
+        return line
+    head, tail = MAX_LINE_CHARS * 2 // 3, MAX_LINE_CHARS // 4
+    return f"{line[:head]} ... ({len(line) - head - tail:,} characters cut) ... {line[-tail:]}"
+
 
 class ScenarioError(ValueError):
     """Invalid scenario: ``problems`` holds one line per problem, each naming its field."""
 
     def __init__(self, problems: list[str], source: str = "scenario") -> None:
+        problems = [clipped(problem) for problem in problems]
         self.problems = problems
         self.source = source
         super().__init__(f"{source}: " + "; ".join(problems))
@@ -30,29 +44,42 @@ def _number(value: Any) -> Any:
     return int(value) if isinstance(value, float) and value.is_integer() else value
 
 
+#: The most characters of a given value an error line repeats: a 20,000-character string
+#: in a number's place is named by its start and its length, so the line stays readable.
+MAX_SHOWN_CHARS = 60
+
+
+def _shown(value: Any) -> str:
+    """``repr(value)``, cut to its first :data:`MAX_SHOWN_CHARS` characters if longer."""
+    text = repr(value)
+    if len(text) <= MAX_SHOWN_CHARS:
+        return text
+    return f"{text[:MAX_SHOWN_CHARS]}... ({len(text):,} characters)"
+
+
 def _describe(error: ErrorDetails) -> str:
     kind = error["type"]
     ctx = error.get("ctx", {})
     given = error.get("input")
     if kind == "greater_than":
-        return f"must be > {_number(ctx['gt'])}, got {given!r}"
+        return f"must be > {_number(ctx['gt'])}, got {_shown(given)}"
     if kind == "greater_than_equal":
-        return f"must be >= {_number(ctx['ge'])}, got {given!r}"
+        return f"must be >= {_number(ctx['ge'])}, got {_shown(given)}"
     if kind == "less_than_equal":
-        return f"must be <= {_number(ctx['le'])}, got {given!r}"
+        return f"must be <= {_number(ctx['le'])}, got {_shown(given)}"
     if kind == "less_than":
-        return f"must be < {_number(ctx['lt'])}, got {given!r}"
+        return f"must be < {_number(ctx['lt'])}, got {_shown(given)}"
     if kind == "missing":
         return "required field is missing"
     if kind == "literal_error":
-        return f"must be one of {ctx['expected']}, got {given!r}"
+        return f"must be one of {ctx['expected']}, got {_shown(given)}"
     if kind == "union_tag_invalid":
-        return f"unknown type {ctx.get('tag')!r}; expected one of {ctx.get('expected_tags')}"
+        return f"unknown type {_shown(ctx.get('tag'))}; expected one of {ctx.get('expected_tags')}"
     if kind == "union_tag_not_found":
         return f"needs a 'type' key, one of the types of this section ({ctx.get('discriminator')})"
     if kind == "value_error":
         return str(ctx.get("error", error["msg"]))
-    return f"{error['msg'][0].lower()}{error['msg'][1:]}, got {given!r}"
+    return f"{error['msg'][0].lower()}{error['msg'][1:]}, got {_shown(given)}"
 
 
 def _clean_location(loc: tuple[Any, ...], data: Any) -> tuple[list[str], Any]:
@@ -137,7 +164,7 @@ def format_errors(exc: ValidationError, data: Any) -> list[str]:
             hint = difflib.get_close_matches(key, valid, n=1)
             suggestion = f"; did you mean '{hint[0]}'?" if hint else ""
             choices = f" (valid keys: {', '.join(valid)})" if valid and not hint else ""
-            line = f"{'.'.join(parts)}: unknown key{suggestion}{choices}"
+            line = f"{_dotted(parts)}: unknown key{suggestion}{choices}"
         elif error["type"] in ("string_type", "model_type", "dict_type") and _is_union_noise(
             error, errors
         ):
@@ -148,11 +175,20 @@ def format_errors(exc: ValidationError, data: Any) -> list[str]:
             field, _, rest = message.partition(": ")
             if rest and field in _all_member_fields(parts, data):
                 parts, message = [*parts, field], rest
-            line = f"{'.'.join(parts) or '(top level)'}: {message}"
+            line = f"{_dotted(parts) or '(top level)'}: {message}"
         if line not in seen:
             seen.add(line)
             lines.append(line)
     return lines
+
+
+def _dotted(parts: list[str]) -> str:
+    """The location as ``a.b.c``; a key with characters a terminal does not show as themselves
+    (a right-to-left override, a zero-width space, a tab) is shown escaped."""
+    return ".".join(
+        part if part.isprintable() else part.encode("unicode_escape").decode("ascii")
+        for part in parts
+    )
 
 
 def _is_union_noise(error: ErrorDetails, errors: list[ErrorDetails]) -> bool:

@@ -93,10 +93,15 @@ def check_consistency(scenario: Scenario) -> list[str]:
 
 def _file_problem(field: str, noun: str, path: str) -> list[str]:
     """A one-line problem if ``path`` is not a file ([] if it is)."""
-    if Path(path).is_dir():
-        return [f"{field}: {path} is a directory; give the {noun}'s own file"]
-    if not Path(path).is_file():
-        return [f"{field}: {noun} not found: {path}"]
+    if not path.strip():  # Path("") is the current directory
+        return [f"{field}: empty; give the {noun}'s path"]
+    try:
+        if Path(path).is_dir():
+            return [f"{field}: {path} is a directory; give the {noun}'s own file"]
+        if not Path(path).is_file():
+            return [f"{field}: {noun} not found: {path}"]
+    except OSError as exc:  # a name longer than the file system takes, say
+        return [f"{field}: cannot read {path}: {exc.strerror or exc}"]
     return []
 
 
@@ -123,6 +128,14 @@ def parse_yaml(text: str, source: str) -> Any:
         mark = getattr(exc, "problem_mark", None)
         where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
         problem = getattr(exc, "problem", None) or str(exc)
+        if isinstance(exc, yaml.reader.ReaderError):
+            # A character YAML refuses (a NUL byte): no mark, only an offset, and a second line
+            # naming "<unicode string>" instead of the file.
+            before = text[: exc.position]
+            line, column = before.count("\n") + 1, len(before) - before.rfind("\n")
+            where = f"line {line}, column {column}: "
+            problem = problem.splitlines()[0]
+        problem = " ".join(problem.split())
         raise ScenarioError([f"{where}invalid YAML: {problem}"], source) from None
 
 

@@ -226,9 +226,20 @@ class EmpiricalLength:
     def from_file(cls, path: str | Path, column: str) -> EmpiricalLength:
         """Token counts from one column of a CSV file (e.g. a processed ShareGPT trace)."""
         path = Path(path)
-        if not path.is_file():
+        try:
+            found = path.is_file()
+        except OSError as exc:  # a name longer than the file system takes, say
+            raise ValueError(f"path: cannot read {str(path)!r}: {exc.strerror or exc}") from None
+        if not found:
             raise ValueError(f"path: no such file {str(path)!r}; check the data folder")
-        frame = pd.read_csv(path)
+        try:
+            frame = pd.read_csv(path)
+        except (OSError, ValueError) as exc:  # pandas' parse errors and bad UTF-8 are ValueErrors
+            problem = " ".join(str(exc).split())
+            raise ValueError(
+                f"path: {str(path)!r} is not a CSV table with a header row ({problem}); give a "
+                "UTF-8 CSV file with a column of token counts"
+            ) from None
         if column not in frame.columns:
             raise ValueError(
                 f"column: {column!r} is not in {str(path)!r}; available columns: "

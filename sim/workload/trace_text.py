@@ -34,6 +34,26 @@ class TraceFormatError(ValueError):
     """A trace file that cannot be read; the message names the file, line and column."""
 
 
+#: How many column or field names an error lists, and how long each may be: a JSON line read
+#: as a CSV header is hundreds of "columns", and the message stays one readable line.
+MAX_LISTED_NAMES = 12
+MAX_LISTED_NAME_CHARS = 40
+
+
+def listed_names(names: Iterable[object]) -> str:
+    """``'a', 'b', 'c'`` for an error message: at most :data:`MAX_LISTED_NAMES` names, each
+    cut to :data:`MAX_LISTED_NAME_CHARS` characters, then how many more there are."""
+    names = list(names)
+    shown = []
+    for name in names[:MAX_LISTED_NAMES]:
+        text = repr(name)
+        if len(text) > MAX_LISTED_NAME_CHARS:
+            text = text[: MAX_LISTED_NAME_CHARS - 4] + "...'"
+        shown.append(text)
+    more = len(names) - len(shown)
+    return ", ".join(shown) + (f" and {more:,} more" if more else "")
+
+
 class TraceSource:
     """The file being read: its name as the caller gave it, for error messages."""
 
@@ -136,7 +156,7 @@ def csv_records(
                         line,
                         None,
                         f"missing required column(s) {', '.join(map(repr, missing))}; "
-                        f"columns found: {', '.join(map(repr, names))}",
+                        f"columns found: {listed_names(names)}",
                     )
                 wanted = [
                     (name, names.index(name)) for name in (*required, *optional) if name in names
@@ -186,5 +206,5 @@ def required_field(source: TraceSource, line: int, record: dict[str, object], ke
         raise source.error(
             line,
             None,
-            f"missing required field {key!r}; fields found: {', '.join(map(repr, record))}",
+            f"missing required field {key!r}; fields found: {listed_names(record)}",
         ) from None

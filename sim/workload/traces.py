@@ -94,6 +94,7 @@ from sim.workload.trace_text import (
     TraceFormatError,
     TraceSource,
     csv_header,
+    listed_names,
     parse_json_line,
     text_lines,
 )
@@ -225,7 +226,7 @@ def detect_format(path: str | Path) -> str:
     raise source.error(
         line,
         None,
-        f"cannot detect the trace format from the {found_word} {', '.join(map(repr, found))}; "
+        f"cannot detect the trace format from the {found_word} {listed_names(found)}; "
         f"known formats and what they need: {known}. Pass format= explicitly if the file is one "
         "of these.",
     )
