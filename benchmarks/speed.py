@@ -144,7 +144,7 @@ def run_all(names: list[str], scale: float, fast_only: bool, sources: str) -> No
         "scenario", "mode", "requests", "wall s", "sim s/wall s", "req/s", "steps/s",
         "us/step", "peak RSS GB", "speed-up", "same records",
     )  # fmt: skip
-    print("".join(f"{h:>13}" for h in header))
+    print("".join(f"{h:>15}" if h == "mode" else f"{h:>13}" for h in header))
     for name in names:
         runs: dict[str, dict[str, Any]] = {}
         native = in_fresh_process(name, scale, True)
@@ -158,7 +158,7 @@ def run_all(names: list[str], scale: float, fast_only: bool, sources: str) -> No
             speed_up = f"{base['wall_s'] / m['wall_s']:.2f}x"
             same = "yes" if m["digest"] == base["digest"] else "NO"
             print(
-                f"{name:>13}{mode:>13}{m['requests']:>13,.0f}{m['wall_s']:>13.2f}"
+                f"{name:>13}{mode:>15}{m['requests']:>13,.0f}{m['wall_s']:>13.2f}"
                 f"{m['sim_per_wall']:>13.0f}{m['requests_per_s']:>13,.0f}"
                 f"{m['steps_per_s']:>13,.0f}{m['us_per_step']:>13.1f}{m['peak_rss_gb']:>13.2f}"
                 f"{speed_up:>13}{same:>13}"
