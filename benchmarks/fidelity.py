@@ -9,13 +9,16 @@ written by ``live/tiny_model.py``) on vLLM's CPU backend, or ``--model DIR``:
    common lengths and once for the shared-prompt shape's requests, whose longer decodes the
    server takes fewer of;
 3. refit the profile to the records of one loaded training run (Poisson at 50% of the measured
-   capacity, its own seed, replayed at its send times: ``calibrate --records``);
-4. five held-out shapes sized from the measured capacities: Poisson at 30% and 90%, Gamma-bursty
+   capacity, its own seed, replayed at its send times: ``calibrate --records``): "loaded";
+4. the default calibration, what ``servesim calibrate`` adds to the isolated points: loaded
+   replays of the common lengths (a burst, Poisson at 50% and 85% of what the burst measured)
+   within ``--loaded-budget``, their rebuilt steps fitted with the isolated points: "default";
+5. five held-out shapes sized from the measured capacities: Poisson at 30% and 90%, Gamma-bursty
    (CV 3) at 60%, a long shared system prompt with many sequences decoding at once, and
    multi-turn sessions; each run live ``--repeats`` times with the same requests (so the
-   spread is the server's, not the workload's) and simulated with both profiles. Each repeat's
-   prompts carry their own salt: the same structure, other token ids, so a repeat does not hit
-   what the one before left in the prefix cache.
+   spread is the server's, not the workload's) and simulated with the three profiles. Each
+   repeat's prompts carry their own salt: the same structure, other token ids, so a repeat
+   does not hit what the one before left in the prefix cache.
 
 Prints sim/live − 1 per shape and metric (TTFT, TPOT, E2E mean and p90): the mean over the
 repeats and its range, the live run-to-run spread ((max − min) / mean of the live value), and
@@ -47,8 +50,10 @@ from typing import Any
 import numpy as np
 
 from calibration.fit import fit_steps, predict_seconds
+from calibration.loaded import completed_rate, fit_loaded, live_runner, run_loaded
 from calibration.measure_plan import MeasurementPlan, parse_budget
 from calibration.measure_runner import measure
+from calibration.observations import Observation
 from calibration.profile import fitted_profile
 from calibration.records import fit_scenario_to_records, read_records
 from live.replay import Target
@@ -83,7 +88,7 @@ METRICS = (
     ("e2e_s", "p90"),
 )
 TARGET = 0.10
-PROFILES = ("idle", "loaded")
+PROFILES = ("idle", "loaded", "default")
 #: The drift probe: one prefill and one single-sequence decode, as the calibration measures them.
 PROBE = MeasurementPlan(
     prefill_lengths=(128,),
@@ -184,19 +189,13 @@ def burst(requests: int, lengths: dict[str, Any] = LENGTHS) -> dict[str, Any]:
     return {**lengths, "arrival": {"type": "poisson", "rate": 1000.0}, "num_requests": requests}
 
 
-def completed_rate(records: Any) -> float:
-    """Completed requests per second over the makespan (first send to last finish)."""
-    ok = records[records["status"] == "ok"]
-    span = float(ok["finish_s"].max() - records["arrival_s"].min())
-    return len(ok) / span if span > 0 else float("nan")
-
-
 @dataclass
 class Setup:
     """What the live calibration produced: profiles, capacity and how they were measured."""
 
     idle: Path
     loaded: Path
+    default: Path | None  # what `servesim calibrate` writes by default (None: not measured)
     capacity: float
     shared_capacity: float
     info: dict[str, Any]
@@ -216,7 +215,7 @@ def live_capacity(
 
 
 def calibrate(server: VLLMServer, tokens: PromptTokens, work: Path, args: Any) -> Setup:
-    """Steps 1–3 of the module docstring."""
+    """Steps 1–4 of the module docstring."""
     budget_s = parse_budget(args.budget)
     plan = MeasurementPlan.for_budget(
         budget_s, max_model_len=2048, max_num_seqs=32, max_num_batched_tokens=2048
@@ -248,6 +247,9 @@ def calibrate(server: VLLMServer, tokens: PromptTokens, work: Path, args: Any) -
     trained = run_live(training, target, tokens, out_dir=work / "training")
     trained.write(work / "training")
     loaded_path = refit(training, work, coefficients, args.max_simulations)
+    default_path, default_info = default_calibration(
+        server, tokens, work, measurement.observations, coefficients, args
+    )
     info = {
         "points": len(measurement.observations),
         "calibration_s": measurement.duration_s,
@@ -259,9 +261,44 @@ def calibrate(server: VLLMServer, tokens: PromptTokens, work: Path, args: Any) -
         "training": training.workload.model_dump(mode="json"),
         "seconds": args.seconds,
         "probe_at_calibration": probe_at_calibration,
+        "default": default_info,
     }
     (work / "bench.json").write_text(json.dumps(info, indent=2) + "\n")
-    return Setup(idle_path, loaded_path, capacity, shared_capacity, info)
+    return Setup(idle_path, loaded_path, default_path, capacity, shared_capacity, info)
+
+
+def default_calibration(
+    server: VLLMServer,
+    tokens: PromptTokens,
+    work: Path,
+    isolated: list[Observation],
+    coefficients: CalibratedCoefficients,
+    args: Any,
+) -> tuple[Path, dict[str, Any]]:
+    """What ``servesim calibrate`` does after its isolated points: loaded replays of the
+    shapes' lengths within ``--loaded-budget``, their rebuilt steps fitted with the isolated
+    points. Saved as ``profile-default.json``."""
+    requests = scenario(
+        {**LENGTHS, "arrival": {"type": "poisson", "rate": 1.0}, "num_requests": 100}, None, 98
+    )
+    notes: list[str] = []
+    runner = live_runner(Target(server.url, server.model_name), tokens.vocab_size, salt=5000)
+    replays = run_loaded(
+        requests,
+        coefficients,
+        runner,
+        work / "loaded-replays",
+        parse_budget(args.loaded_budget),
+        notes=notes,
+    )
+    joint = fit_loaded(requests, isolated, coefficients, replays)
+    template = scenario(burst(1), None, 0)
+    profile = fitted_profile(
+        template, joint.coefficients, joint.report, engine=EngineInfo(name="vllm")
+    )
+    path = profile.save(work / "profile-default.json")
+    print(f"default calibration: {len(replays)} loaded replays; {'; '.join(notes) or 'no notes'}")
+    return path, {"replays": joint.replays, "notes": notes, "held_out": joint.report.held_out}
 
 
 def refit(
@@ -290,7 +327,7 @@ def drift(server: VLLMServer, tokens: PromptTokens, profile: Path) -> float:
 def live_runs(
     server: VLLMServer, tokens: PromptTokens, work: Path, setup: Setup, args: Any
 ) -> None:
-    """Step 4: every shape ``--repeats`` times, results under ``work/<shape>/<repeat>``."""
+    """Step 5: every shape ``--repeats`` times, results under ``work/<shape>/<repeat>``."""
     target = Target(server.url, server.model_name)
     for seed, (name, workload) in enumerate(setup.shapes().items(), 10):
         if args.shapes and name not in args.shapes:
@@ -338,7 +375,13 @@ def score(work: Path, setup: Setup) -> dict[str, Any]:
             "since_calibration": [float(x) for x in drifts],
             "mean": float(np.mean(drifts)) if drifts else None,
         }
-        for label, path in (("idle", setup.idle), ("loaded", setup.loaded)):
+        for label, path in (
+            ("idle", setup.idle),
+            ("loaded", setup.loaded),
+            ("default", setup.default),
+        ):
+            if path is None:
+                continue
             simulated = build(scenario(workload, path, seed)).run().summary
             for latency, stat in METRICS:
                 live = np.array([s[latency][stat] for s in lives], dtype=np.float64)
@@ -371,6 +414,8 @@ def print_table(table: dict[str, Any], setup: Setup) -> None:
             f"({sim / live - 1:+.1%})"
         )
     for label in PROFILES:
+        if not any(f"|{label}|" in key for key in table):
+            continue
         print(f"\nprofile: {label}  (sim/live − 1: mean of the repeats [min, max]; spread; ok)")
         print(f"{'shape':<15}" + "".join(f"{f'{lat[:-2]} {st}':>27}" for lat, st in METRICS))
         shape_names = dict.fromkeys(key.split("|")[0] for key in table)
@@ -399,12 +444,23 @@ def rescored_setup(work: Path, max_simulations: int) -> Setup:
     loaded = refit(training, work, coefficients, max_simulations)
     # Runs from before the shared shape had its own capacity sized it from LENGTHS'.
     shared = info.get("shared_capacity_rps", info["capacity_rps"])
-    return Setup(idle, loaded, float(info["capacity_rps"]), float(shared), info)
+    default = work / "profile-default.json"
+    return Setup(
+        idle,
+        loaded,
+        default if default.is_file() else None,
+        float(info["capacity_rps"]),
+        float(shared),
+        info,
+    )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--budget", default="8m", help="calibration time budget")
+    parser.add_argument(
+        "--loaded-budget", default="4m", help="the default calibration's loaded replays' budget"
+    )
     parser.add_argument("--repeats", type=int, default=3, help="live runs of each shape")
     parser.add_argument("--seconds", type=float, default=120.0, help="length of each live run")
     parser.add_argument("--capacity-requests", type=int, default=48, help="size of the burst")

@@ -5,6 +5,7 @@ how far the simulator's predictions are from what the server does on another wor
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import asdict, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -73,8 +74,19 @@ def calibrate(
         int | None,
         typer.Option(help="the model's vocabulary size (default: the scenario's model's)", min=1),
     ] = None,
+    quick: Annotated[
+        bool,
+        typer.Option(
+            "--quick",
+            help="with --url/--launch: the isolated points only, on the whole budget (no "
+            "loaded replays of the scenario's requests)",
+        ),
+    ] = False,
 ) -> None:
-    """Measure a server (lone prefills, steady decode batches) and fit a latency profile.
+    """Measure a server and fit a latency profile: isolated points (lone prefills, decode
+    batches, mixed steps) on half the budget, then loaded replays of the scenario's requests
+    (a burst, Poisson at 50% and 85% of the capacity it measures) whose engine steps, rebuilt
+    from streamed token times, are fitted together with them. --quick: the isolated points only.
 
     With --operators, fit operator timing tables for the scenario's model, GPU and TP: public
     ones from shared/data, or ones timed here with torch (written next to the profile).
@@ -84,6 +96,8 @@ def calibrate(
     """
     records = records or None  # typer gives an empty list when the option is absent
     _check_one_source(url=url, launch=launch, operators=operators, records=records)
+    if quick and (records is not None or operators is not None):
+        fail("--quick: keeps a server's calibration to its isolated points; give --url or --launch")
     if steps and records is None:
         fail("--steps: rebuilds steps from the token times of --records runs; give --records")
     if records is not None and steps:
@@ -99,7 +113,7 @@ def calibrate(
         else:
             _calibrate_from_operators(scenario, operators, data_dir, out)
     else:
-        _calibrate_from_server(scenario_path, url, launch, model, budget, out, vocab_size)
+        _calibrate_from_server(scenario_path, url, launch, model, budget, out, vocab_size, quick)
 
 
 def _check_one_source(
@@ -128,9 +142,11 @@ def _calibrate_from_server(
     budget: str,
     out: Path,
     vocab_size: int | None = None,
+    quick: bool = False,
 ) -> None:
-    """Measure a server (the one at ``url``, or one launched) within ``budget``, fit the steps
-    and write the profile; print the coefficients as JSON."""
+    """Measure a server (the one at ``url``, or one launched) within ``budget``: the isolated
+    points, then (unless ``quick``) the loaded replays of :mod:`calibration.loaded`; fit, write
+    the profile and print the coefficients as JSON."""
     from calibration.fit import fit_steps
     from calibration.measure_plan import MeasurementPlan, parse_budget
     from calibration.measure_runner import measure
@@ -144,19 +160,23 @@ def _calibrate_from_server(
         fail(f"--budget: {exc}")
     engine = scenario.engine
     model_arch = scenario.resolve_model()
+    isolated_budget_s = budget_s if quick else ISOLATED_SHARE * budget_s
     plan = MeasurementPlan.for_budget(
-        budget_s,
+        isolated_budget_s,
         max_model_len=engine.max_model_len or model_arch.max_position_embeddings,
         max_num_seqs=engine.max_num_seqs,
         max_num_batched_tokens=engine.max_num_batched_tokens,
     )
     out.parent.mkdir(parents=True, exist_ok=True)
     log = out.with_suffix(".server.log")
+    loaded: list[Any] = []
+    notes: list[str] = []
     with scenario_server(scenario, url, launch, model, log, vocab_size) as (
         base_url,
         served,
         vocab,
     ):
+        started = time.monotonic()
         with progress("measuring") as update:
             measurement = measure(
                 base_url,
@@ -164,31 +184,120 @@ def _calibrate_from_server(
                 PromptTokens(vocab),
                 plan,
                 block_size=engine.block_size,
-                budget_s=budget_s,
+                budget_s=isolated_budget_s,
                 progress=update,
             )
+        coefficients, report = fit_steps(measurement.observations)
+        if not quick:
+            loaded = _loaded_replays(
+                scenario,
+                coefficients,
+                (base_url, served, vocab),
+                replays_dir(out),
+                budget_s - (time.monotonic() - started),
+                notes,
+            )
         version = _server_version(base_url)
-    coefficients, report = fit_steps(measurement.observations)
+    data_summary: dict[str, Any] = {
+        "source": "live measurement",
+        "url": base_url,
+        "observations": len(measurement.observations),
+        "duration_s": measurement.duration_s,
+        "by_kind": _count_kinds(measurement.observations),
+    }
+    engine_info = EngineInfo(name="vllm", version=version)
+    if loaded:
+        from calibration.loaded import fit_loaded
+
+        isolated = fitted_profile(scenario, coefficients, report, engine=engine_info)
+        isolated_path = isolated.save(replays_dir(out) / "profile-isolated.json")
+        joint = fit_loaded(scenario, measurement.observations, coefficients, loaded)
+        coefficients, report = joint.coefficients, joint.report
+        data_summary.update(
+            source="live measurement and loaded replays",
+            loaded_replays=joint.replays,
+            isolated_profile=str(isolated_path),
+        )
+    report = report.model_copy(update={"notes": [*report.notes, *notes]})
     profile = fitted_profile(
-        scenario,
-        coefficients,
-        report,
-        engine=EngineInfo(name="vllm", version=version),
-        data_summary={
-            "source": "live measurement",
-            "url": base_url,
-            "observations": len(measurement.observations),
-            "duration_s": measurement.duration_s,
-            "by_kind": _count_kinds(measurement.observations),
-        },
+        scenario, coefficients, report, engine=engine_info, data_summary=data_summary
     )
     profile.save(out)
     stderr.print(
-        f"wrote {out}: {len(measurement.observations)} points, fit error mean "
+        f"wrote {out}: {report.num_points} points, fit error mean "
         f"{report.relative_error_mean:.1%}, p90 {report.relative_error_p90:.1%}",
         highlight=False,
     )
+    for note in notes:
+        stderr.print(f"  {note}", highlight=False)
+    if loaded:
+        _print_loaded(data_summary["loaded_replays"], report)
     typer.echo(json.dumps(asdict(profile.coefficients)))
+
+
+#: The share of ``calibrate --budget`` the isolated points get when loaded replays follow.
+ISOLATED_SHARE = 0.5
+
+
+def replays_dir(out: Path) -> Path:
+    """Where ``calibrate --out OUT`` keeps its loaded replays (records, token times, metrics)
+    and the profile of the isolated points alone: ``OUT`` less ``.json``, plus ``.replays``."""
+    return out.with_name(out.stem + ".replays")
+
+
+def _loaded_replays(
+    scenario: Scenario,
+    coefficients: CalibratedCoefficients,
+    server: tuple[str, str, int],
+    directory: Path,
+    budget_s: float,
+    notes: list[str],
+) -> list[Any]:
+    """Run the loaded replays on the server; none (and a note) when they cannot run."""
+    import secrets
+
+    from calibration.loaded import live_runner, run_loaded
+    from live.replay import ReplayError, Target
+
+    base_url, served, vocab = server
+    runner = live_runner(Target(base_url, served), vocab, salt=secrets.randbelow(2**31))
+    try:
+        with progress("loaded replays") as update:
+            return run_loaded(
+                scenario, coefficients, runner, directory, budget_s, progress=update, notes=notes
+            )
+    except (ReplayError, ValueError) as exc:
+        notes.append(f"loaded replays stopped ({exc}); the profile is the isolated points' fit")
+        return []
+
+
+def _print_loaded(replays: list[dict[str, Any]], report: FitReport) -> None:
+    """Per loaded replay: its load, the steps rebuilt, and the request-level error of the
+    isolated fit beside the joint one's; then the leave-one-out errors."""
+
+    def pct(value: float | None) -> str:
+        return "n/a" if value is None else f"{value:+.1%}"
+
+    for replay in replays:
+        offered = replay["offered_rps"]
+        load = "burst" if offered is None else f"{offered:.3g} req/s"
+        isolated, joint = replay["isolated_fit"], replay["joint_fit"]
+        stderr.print(
+            f"  {replay['name']} ({load}, {replay['requests']} requests, completed "
+            f"{replay['completed_rps'] or float('nan'):.3g} req/s): {replay['steps_rebuilt']} "
+            f"steps rebuilt; mean error TTFT {pct(isolated['ttft_relative_error_mean'])} → "
+            f"{pct(joint['ttft_relative_error_mean'])}, E2E "
+            f"{pct(isolated['e2e_relative_error_mean'])} → {pct(joint['e2e_relative_error_mean'])}"
+            " (isolated points → with the loaded steps)",
+            highlight=False,
+        )
+    for held in report.held_out:
+        stderr.print(
+            f"  left out {held['workload']}: steps {held['step_relative_error_mean']:.1%}, TTFT "
+            f"mean |error| {held['ttft_relative_error_mean']:.1%}, E2E "
+            f"{held['e2e_relative_error_mean']:.1%} (fitted on the isolated points and the others)",
+            highlight=False,
+        )
 
 
 def _calibrate_from_operators(scenario: Scenario, source: str, data_dir: Path, out: Path) -> None:

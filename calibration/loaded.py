@@ -1,0 +1,377 @@
+"""Loaded replays: the server measured under the load its workloads put on it.
+
+The isolated calibration points (:mod:`calibration.measure_plan`) each run alone on an idle
+server. Near saturation a server runs full batches of mixed prefill and decode, with the host
+busy streaming tokens to many clients at once; those steps are extrapolated from the isolated
+points, not measured. ``servesim calibrate`` therefore spends the rest of its budget on loaded
+replays of the scenario's own requests (its lengths and prefix structure; its arrivals are
+replaced):
+
+1. a **burst**: requests all sent at once, sized from the capacity the isolated fit predicts.
+   Completed requests over its makespan is the server's capacity, measured live;
+2. **Poisson** replays at 50% and 85% of that measured capacity.
+
+Every replay streams its token times, and the engine steps are rebuilt from them
+(:mod:`calibration.steps`): hundreds of loaded steps per replay. They are fitted together with
+the isolated points, the two sources weighted equally whatever their counts (the isolated
+points span the envelope's corners; the loaded steps are what workloads run). Each replay is then
+left out in turn: the fit to the isolated points and the other replays predicts its steps, and
+the simulator replays its requests at their real send times with those coefficients, so the
+profile says how well it predicts a load it did not see (leave-one-workload-out).
+
+The replays are run by a :class:`Runner`: :func:`live_runner` sends them to a server; tests use
+a simulated server whose coefficients are known.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+import numpy as np
+import pandas as pd
+
+from calibration.fit import fit_steps, predict_seconds, relative_residuals, usable_records
+from calibration.observations import Observation
+from calibration.steps import RebuiltSteps, rebuild_steps
+from sim.engine.coefficients import CalibratedCoefficients
+from sim.engine.profile import FitReport
+from sim.engine.request import Request
+from sim.run import build, scenario_requests
+from sim.scenario import Scenario
+
+if TYPE_CHECKING:
+    from live.replay import Target
+
+#: The loaded replays: name, offered load as a fraction of the measured capacity (None: the
+#: burst that measures it) and share of the loaded budget. The last one drains longest.
+LOADS: tuple[tuple[str, float | None, float], ...] = (
+    ("burst", None, 0.3),
+    ("poisson 50%", 0.5, 0.3),
+    ("poisson 85%", 0.85, 0.4),
+)
+
+#: Below this many seconds left for them, no loaded replay runs (the profile says so).
+MIN_LOADED_S = 30.0
+#: Requests per replay: enough steps to fit, few enough for a laptop's CPU server.
+MIN_REQUESTS = 12
+MAX_REQUESTS = 2000
+
+
+@dataclass(frozen=True)
+class ReplayOutcome:
+    """What a runner brings back from one replay."""
+
+    records: pd.DataFrame
+    token_times: pd.DataFrame
+    # The server's own count of engine steps and of the tokens they computed during the replay
+    # (vLLM's iteration_tokens_total histogram), when its /metrics could be read.
+    server_steps: float | None = None
+    server_tokens: float | None = None
+
+
+class Runner(Protocol):
+    """Sends ``requests`` (the scenario's, re-timed) and returns their records and token times;
+    writes what it measured under ``out_dir``."""
+
+    def __call__(
+        self, scenario: Scenario, requests: list[Request], out_dir: Path
+    ) -> ReplayOutcome: ...
+
+
+@dataclass
+class LoadedReplay:
+    """One loaded replay: what was offered, what it gave, and the steps rebuilt from it."""
+
+    name: str
+    directory: Path
+    requests: list[Request]
+    outcome: ReplayOutcome
+    offered_rps: float  # inf for the burst
+    steps: RebuiltSteps
+
+    @property
+    def completed_rps(self) -> float:
+        return completed_rate(self.outcome.records)
+
+
+@dataclass
+class LoadedFit:
+    """The joint fit and how it was scored."""
+
+    coefficients: CalibratedCoefficients
+    report: FitReport
+    replays: list[dict[str, Any]] = field(default_factory=list)  # per replay, for the profile
+
+
+def completed_rate(records: pd.DataFrame) -> float:
+    """Completed requests per second over the makespan (first send to last finish); NaN when
+    nothing completed."""
+    ok = records[records["status"].astype(str) == "ok"]
+    if ok.empty:
+        return float("nan")
+    span = float(ok["finish_s"].max() - records["arrival_s"].min())
+    return len(ok) / span if span > 0 else float("nan")
+
+
+def retimed_requests(scenario: Scenario, rate: float, count: int, seed: int) -> list[Request]:
+    """``count`` of the scenario's requests (its lengths, prefixes and sessions; drawn with
+    ``seed``), whose first turns arrive as a Poisson process of ``rate`` requests per second
+    counting every turn (``inf``: all at once). Later turns still follow their parent."""
+    workload = scenario.workload.model_copy(
+        update={"num_requests": count, "duration_s": None, "max_concurrency": None}
+    )
+    requests = scenario_requests(scenario.model_copy(update={"workload": workload, "seed": seed}))
+    roots = sorted(
+        (i for i, r in enumerate(requests) if r.parent_id < 0),
+        key=lambda i: (requests[i].arrival_s, i),
+    )
+    if math.isinf(rate):
+        times = np.zeros(len(roots))
+    else:
+        root_rate = rate * len(roots) / len(requests)
+        gaps = np.random.default_rng([seed, 17]).exponential(1.0 / root_rate, len(roots))
+        times = np.cumsum(gaps) - gaps[0]  # the first one at 0
+    retimed = list(requests)
+    for i, at in zip(roots, times.tolist(), strict=True):
+        retimed[i] = dataclasses.replace(requests[i], arrival_s=at)
+    return retimed
+
+
+def _open_loop(scenario: Scenario) -> Scenario:
+    """The scenario with its workload sent open loop (replays set their own arrivals)."""
+    workload = scenario.workload.model_copy(update={"max_concurrency": None})
+    return scenario.model_copy(update={"workload": workload})
+
+
+def simulated_capacity(scenario: Scenario, coefficients: CalibratedCoefficients) -> float:
+    """Requests per second the server completes under a burst, as ``coefficients`` predict."""
+    count = int(np.clip(4 * scenario.engine.max_num_seqs, MIN_REQUESTS, 512))
+    requests = retimed_requests(scenario, math.inf, count, seed=scenario.seed)
+    result = build(_open_loop(scenario), requests=requests, coefficients=coefficients).run()
+    return completed_rate(result.records)
+
+
+def run_loaded(
+    scenario: Scenario,
+    coefficients: CalibratedCoefficients,
+    runner: Runner,
+    out_dir: Path,
+    budget_s: float,
+    *,
+    progress: Callable[[int, int, str], None] | None = None,
+    notes: list[str] | None = None,
+    clock: Callable[[], float] = time.monotonic,
+) -> list[LoadedReplay]:
+    """The loaded replays of :data:`LOADS` within ``budget_s`` (see the module docstring),
+    each under ``out_dir/<name>``. ``coefficients`` (the isolated fit) size the burst; the burst
+    sizes the rest. A replay whose planned length would overrun what is left is not run, and
+    ``notes`` say so. ``clock`` tells the seconds spent (a simulated server's own clock in
+    tests)."""
+    notes = notes if notes is not None else []
+    if budget_s < MIN_LOADED_S:
+        notes.append(
+            f"no loaded replays: {budget_s:.0f} s of budget left for them, under "
+            f"{MIN_LOADED_S:.0f} s; raise --budget"
+        )
+        return []
+    start = clock()
+    scenario = _open_loop(scenario)
+    capacity = simulated_capacity(scenario, coefficients)
+    replays: list[LoadedReplay] = []
+    for index, (name, fraction, share) in enumerate(LOADS):
+        if not capacity > 0 or not math.isfinite(capacity):
+            notes.append(f"{name}: not run, no capacity to size it from")
+            break
+        seconds = share * budget_s
+        rate = math.inf if fraction is None else fraction * capacity
+        served = capacity if fraction is None else rate  # requests per second it will take
+        count = int(np.clip(round(served * seconds), MIN_REQUESTS, MAX_REQUESTS))
+        planned_s = count / served
+        left_s = budget_s - (clock() - start)
+        if planned_s > 1.5 * left_s:
+            notes.append(
+                f"{name}: not run, {count} requests would take ~{planned_s:.0f} s and "
+                f"{left_s:.0f} s of budget are left"
+            )
+            break
+        if progress is not None:
+            progress(index, len(LOADS), f"{name}: {count} requests")
+        requests = retimed_requests(scenario, rate, count, seed=scenario.seed + 1 + index)
+        directory = out_dir / name.replace(" ", "_").replace("%", "pct")
+        outcome = runner(scenario, requests, directory)
+        steps = rebuild_steps(
+            outcome.records,
+            outcome.token_times,
+            max_num_batched_tokens=scenario.engine.max_num_batched_tokens,
+        )
+        replay = LoadedReplay(name, directory, requests, outcome, rate, steps)
+        replays.append(replay)
+        if fraction is None:
+            capacity = replay.completed_rps  # measured: what the Poisson loads are sized from
+    if progress is not None:
+        progress(len(LOADS), len(LOADS), "done")
+    return replays
+
+
+def _weighted(observations: Sequence[Observation], total: float) -> list[Observation]:
+    """``observations`` reweighted so that their weights sum to ``total``."""
+    own = sum(obs.weight for obs in observations)
+    if not observations or own <= 0:
+        return list(observations)
+    return [dataclasses.replace(obs, weight=obs.weight * total / own) for obs in observations]
+
+
+def _joint(
+    isolated: Sequence[Observation], replays: Sequence[LoadedReplay]
+) -> tuple[CalibratedCoefficients, FitReport]:
+    """One step fit to the isolated points and the replays' steps, each source half the
+    weight (all of it to the steps when there are no isolated points)."""
+    steps = [obs for replay in replays for obs in replay.steps.observations]
+    total = sum(obs.weight for obs in isolated) or float(len(steps))
+    return fit_steps(
+        [*isolated, *_weighted(steps, total)], method_name="isolated_points_and_loaded_steps"
+    )
+
+
+def _request_errors(
+    scenario: Scenario, replay: LoadedReplay, coefficients: CalibratedCoefficients
+) -> tuple[float, float]:
+    """Mean relative TTFT and E2E error of the simulator replaying ``replay``'s requests at
+    their real send times with ``coefficients`` (signed: + when the simulator is slower)."""
+    measured = usable_records(replay.outcome.records)
+    if measured.empty:
+        return float("nan"), float("nan")
+    sent = dict(
+        zip(
+            replay.outcome.records["request_id"].astype(int).tolist(),
+            replay.outcome.records["arrival_s"].astype(float).tolist(),
+            strict=True,
+        )
+    )
+    requests = [
+        dataclasses.replace(r, arrival_s=sent[r.request_id])
+        if r.parent_id < 0 and math.isfinite(sent.get(r.request_id, math.nan))
+        else r
+        for r in replay.requests
+    ]
+    simulated = build(scenario, requests=requests, coefficients=coefficients).run().records
+    ttft, e2e = np.split(relative_residuals(measured, simulated), 2)
+    return float(np.mean(ttft)), float(np.mean(e2e))
+
+
+def _step_error(coefficients: CalibratedCoefficients, steps: RebuiltSteps) -> float:
+    """Mean |relative error| of ``coefficients`` on rebuilt steps; NaN when there are none."""
+    if not steps.observations:
+        return float("nan")
+    predicted = predict_seconds(coefficients, steps.observations)
+    measured = np.array([obs.seconds for obs in steps.observations])
+    return float(np.mean(np.abs(predicted - measured) / measured))
+
+
+def fit_loaded(
+    scenario: Scenario,
+    isolated: Sequence[Observation],
+    isolated_coefficients: CalibratedCoefficients,
+    replays: Sequence[LoadedReplay],
+) -> LoadedFit:
+    """The joint fit of the isolated points and the replays' steps, each replay scored with it
+    and with the isolated fit, and each left out in turn (the report's ``held_out``)."""
+    scenario = _open_loop(scenario)
+    coefficients, report = _joint(isolated, replays)
+    usable = [r for r in replays if r.steps.observations]
+    held_out: list[dict[str, float | str]] = []
+    if len(usable) > 1:
+        for replay in usable:
+            others = [r for r in usable if r is not replay]
+            fitted, _ = _joint(isolated, others)
+            ttft, e2e = _request_errors(scenario, replay, fitted)
+            held_out.append(
+                {
+                    "workload": replay.name,
+                    "step_relative_error_mean": _step_error(fitted, replay.steps),
+                    "ttft_relative_error_mean": abs(ttft),
+                    "e2e_relative_error_mean": abs(e2e),
+                }
+            )
+    summaries = []
+    for replay in replays:
+        outcome = replay.outcome
+        rebuilt_tokens = sum(
+            obs.batch.num_prefill_tokens + obs.batch.num_decode_seqs
+            for obs in replay.steps.observations
+        )
+        entry: dict[str, Any] = {
+            "name": replay.name,
+            "directory": str(replay.directory),
+            "requests": len(replay.requests),
+            "offered_rps": None if math.isinf(replay.offered_rps) else replay.offered_rps,
+            "completed_rps": _finite_or_none(replay.completed_rps),
+            "token_bursts": replay.steps.num_bursts,
+            "steps_rebuilt": len(replay.steps.observations),
+            "steps_left_out": dict(replay.steps.skipped),
+            "gap_s": replay.steps.gap_s,
+            "rebuilt_tokens_per_step": rebuilt_tokens / len(replay.steps.observations)
+            if replay.steps.observations
+            else None,
+            "server_steps": outcome.server_steps,
+            "server_tokens_per_step": outcome.server_tokens / outcome.server_steps
+            if outcome.server_steps and outcome.server_tokens is not None
+            else None,
+        }
+        for label, fitted in (("isolated_fit", isolated_coefficients), ("joint_fit", coefficients)):
+            ttft, e2e = _request_errors(scenario, replay, fitted)
+            entry[label] = {
+                "step_relative_error_mean": _finite_or_none(_step_error(fitted, replay.steps)),
+                "ttft_relative_error_mean": _finite_or_none(ttft),
+                "e2e_relative_error_mean": _finite_or_none(e2e),
+            }
+        summaries.append(entry)
+    report = report.model_copy(update={"held_out": held_out})
+    return LoadedFit(coefficients, report, summaries)
+
+
+def _finite_or_none(value: float) -> float | None:
+    return value if math.isfinite(value) else None
+
+
+def live_runner(target: Target, vocab_size: int, salt: int) -> Runner:
+    """A runner that replays on the server at ``target`` with token times recorded; each
+    replay's prompts carry their own salt so no replay hits another's cached prefixes."""
+    from live.replay import ReplayOptions
+    from live.run import run_live
+    from live.tokens import PromptTokens
+    from sim.report.summary import token_times_frame
+
+    replays = 0
+
+    def run(scenario: Scenario, requests: list[Request], out_dir: Path) -> ReplayOutcome:
+        nonlocal replays
+        replays += 1
+        result = run_live(
+            scenario,
+            target,
+            PromptTokens(vocab_size, salt=salt + replays),
+            out_dir=out_dir,
+            # The fit replays each request at its real send time: a burst's lag is no error.
+            options=ReplayOptions(record_token_times=True, lag_warning_s=math.inf),
+            requests=requests,
+        )
+        result.write(out_dir)
+        token_times = token_times_frame(result.replay.records)
+        iteration = result.metrics.iteration_tokens if result.metrics is not None else None
+        return ReplayOutcome(
+            result.records,
+            token_times
+            if token_times is not None
+            else pd.DataFrame(columns=["request_id", "token_index", "time_s"]),
+            server_steps=iteration.count if iteration is not None and iteration.count else None,
+            server_tokens=iteration.sum if iteration is not None and iteration.count else None,
+        )
+
+    return run

@@ -1,0 +1,191 @@
+"""The loaded replays of ``servesim calibrate`` (calibration/loaded.py) against a simulated
+server whose step costs are known: the replays are sized from the capacity they measure, their
+steps are rebuilt and fitted with the isolated points, and each is left out in turn.
+(tests/live/test_measure_live.py runs them against a real vLLM server.)"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from calibration.fit import predict_seconds
+from calibration.loaded import (
+    MIN_LOADED_S,
+    ReplayOutcome,
+    completed_rate,
+    fit_loaded,
+    retimed_requests,
+    run_loaded,
+)
+from calibration.observations import Observation
+from sim.engine.coefficients import CalibratedCoefficients
+from sim.engine.latency import BatchShape
+from sim.engine.request import Request
+from sim.run import build
+from sim.scenario import Scenario, parse_scenario
+from tests.factories import scenario_dict
+from tests.test_steps_rebuild import TRUTH
+
+
+def scenario(**workload: object) -> Scenario:
+    return parse_scenario(
+        scenario_dict(
+            workload={
+                "arrival": {"type": "poisson", "rate": 3},
+                "prompt_tokens": {"type": "uniform", "low": 32, "high": 900},
+                "output_tokens": {"type": "uniform", "low": 4, "high": 120},
+                "prefix": {"type": "shared", "num_groups": 2, "prefix_tokens": 128, "share": 0.5},
+                "num_requests": 100,
+                **workload,
+            },
+            seed=5,
+        )
+    )
+
+
+class SimulatedServer:
+    """A 'server' that is the simulator with TRUTH's step costs; it remembers what it ran."""
+
+    def __init__(self) -> None:
+        self.runs: list[tuple[list[Request], Path]] = []
+        self.now = 0.0  # seconds the replays took, one after the other
+
+    def __call__(self, scenario: Scenario, requests: list[Request], out_dir: Path) -> ReplayOutcome:
+        self.runs.append((requests, out_dir))
+        output = scenario.output.model_copy(update={"record_token_times": True})
+        traced = scenario.model_copy(update={"output": output})
+        result = build(traced, requests=requests, coefficients=TRUTH).run()
+        assert result.token_times is not None
+        self.now += float(result.records["finish_s"].max())
+        return ReplayOutcome(result.records, result.token_times)
+
+
+def isolated_points(truth: CalibratedCoefficients) -> list[Observation]:
+    """The isolated calibration's kinds of points, timed exactly by ``truth``."""
+    shapes = [
+        BatchShape(
+            num_prefill_tokens=n,
+            num_prefill_seqs=1,
+            prefill_attention_pairs=n * (n + 1) // 2,
+            num_sampled=1,
+        )
+        for n in (32, 128, 512, 1024, 2048)
+    ] + [
+        BatchShape(num_decode_seqs=b, decode_context_tokens=b * c, num_sampled=b)
+        for b in (1, 8, 32)
+        for c in (128, 1024)
+    ]
+    seconds = predict_seconds(truth, [Observation(s, 1.0, "decode") for s in shapes])
+    return [
+        Observation(s, float(t), "prefill" if s.num_prefill_seqs else "decode")
+        for s, t in zip(shapes, seconds, strict=True)
+    ]
+
+
+def test_first_turns_are_retimed_and_the_requests_kept() -> None:
+    base = scenario()
+    poisson = retimed_requests(base, 4.0, 400, seed=9)
+    assert len(poisson) == 400
+    arrivals = np.array([r.arrival_s for r in poisson])
+    assert arrivals[0] == 0 and np.all(np.diff(arrivals) >= 0)
+    assert 400 / arrivals[-1] == pytest.approx(4.0, rel=0.15)
+    burst = retimed_requests(base, math.inf, 400, seed=9)
+    assert all(r.arrival_s == 0 for r in burst)
+    # The same requests (lengths and prefixes), only their arrivals moved.
+    assert [dataclasses.replace(r, arrival_s=0.0) for r in poisson] == burst
+    # Sessions: later turns still follow their parent; the rate counts every turn.
+    sessions = scenario(
+        prefix={
+            "type": "multi_turn",
+            "turns": {"type": "uniform", "low": 2, "high": 4},
+            "think_time_s": 1.0,
+            "system_prompt_tokens": 64,
+        }
+    )
+    turns = retimed_requests(sessions, 6.0, 300, seed=2)
+    firsts = [r for r in turns if r.parent_id < 0]
+    assert len(firsts) < len(turns)
+    assert all(math.isnan(r.arrival_s) for r in turns if r.parent_id >= 0)
+    span = max(r.arrival_s for r in firsts)
+    assert len(turns) / span == pytest.approx(6.0, rel=0.25)
+
+
+def test_loaded_steps_pull_a_wrong_isolated_fit_to_the_server(tmp_path: Path) -> None:
+    base = scenario()
+    # The isolated points were measured on a server in another mood: 40% fast on decodes.
+    isolated_truth = dataclasses.replace(
+        TRUTH,
+        per_decode_seq_s=0.6 * TRUTH.per_decode_seq_s,
+        per_context_token_s=0.6 * TRUTH.per_context_token_s,
+    )
+    isolated = isolated_points(isolated_truth)
+    server = SimulatedServer()
+    notes: list[str] = []
+    replays = run_loaded(base, isolated_truth, server, tmp_path, budget_s=60, notes=notes)
+    assert [r.name for r in replays] == ["burst", "poisson 50%", "poisson 85%"], notes
+    assert [out for _, out in server.runs] == [
+        tmp_path / "burst",
+        tmp_path / "poisson_50pct",
+        tmp_path / "poisson_85pct",
+    ]
+    # The Poisson loads are sized from the capacity the burst measured, not the isolated fit's.
+    capacity = completed_rate(replays[0].outcome.records)
+    assert replays[1].offered_rps == pytest.approx(0.5 * capacity)
+    assert replays[2].offered_rps == pytest.approx(0.85 * capacity)
+    assert all(len(r.steps.observations) > 50 for r in replays)
+
+    fit = fit_loaded(base, isolated, isolated_truth, replays)
+    assert fit.report.method == "isolated_points_and_loaded_steps"
+    by_name = {entry["name"]: entry for entry in fit.replays}
+    for entry in by_name.values():
+        alone, joint = entry["isolated_fit"], entry["joint_fit"]
+        assert joint["step_relative_error_mean"] < alone["step_relative_error_mean"]
+        assert abs(joint["e2e_relative_error_mean"]) < abs(alone["e2e_relative_error_mean"])
+    # Each replay left out in turn, predicted from the isolated points and the others.
+    assert [h["workload"] for h in fit.report.held_out] == list(by_name)
+    for held in fit.report.held_out:
+        assert 0 <= float(held["step_relative_error_mean"]) < 0.5
+        assert math.isfinite(float(held["ttft_relative_error_mean"]))
+    # The fit lands between the two servers, nearer the loaded one on decode cost (the steps
+    # and the isolated points weigh the same, and decode dominates the loaded steps).
+    assert (
+        isolated_truth.per_decode_seq_s
+        < fit.coefficients.per_decode_seq_s
+        <= TRUTH.per_decode_seq_s * 1.05
+    )
+
+
+def test_a_budget_too_short_runs_no_replay_and_says_so(tmp_path: Path) -> None:
+    server = SimulatedServer()
+    notes: list[str] = []
+    replays = run_loaded(scenario(), TRUTH, server, tmp_path, MIN_LOADED_S - 1, notes=notes)
+    assert replays == [] and server.runs == []
+    assert "raise --budget" in notes[0]
+
+
+def test_a_replay_that_would_overrun_the_budget_is_not_run(tmp_path: Path) -> None:
+    # The isolated fit is 3× too fast: the burst, sized for 30% of the budget at the capacity
+    # it predicts, takes about 90% of it on this server, and no Poisson replay fits after it.
+    fast = dataclasses.replace(
+        TRUTH,
+        step_overhead_s=TRUTH.step_overhead_s / 3,
+        per_prefill_token_s=TRUTH.per_prefill_token_s / 3,
+        per_decode_seq_s=TRUTH.per_decode_seq_s / 3,
+        per_context_token_s=TRUTH.per_context_token_s / 3,
+    )
+    server = SimulatedServer()
+    notes: list[str] = []
+    replays = run_loaded(
+        scenario(), fast, server, tmp_path, budget_s=60, notes=notes, clock=lambda: server.now
+    )
+    assert [r.name for r in replays] == ["burst"]
+    assert server.now > 0.6 * 60
+    assert "poisson 50%: not run" in notes[0], notes
+    # With the server's own coefficients the same budget runs all three.
+    server = SimulatedServer()
+    replays = run_loaded(scenario(), TRUTH, server, tmp_path, 60, clock=lambda: server.now)
+    assert len(replays) == 3
