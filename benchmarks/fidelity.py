@@ -50,10 +50,16 @@ from typing import Any
 import numpy as np
 
 from calibration.fit import fit_steps, predict_seconds
-from calibration.loaded import completed_rate, fit_loaded, live_runner, run_loaded
+from calibration.loaded import (
+    completed_rate,
+    fit_loaded,
+    live_runner,
+    replays_from_summary,
+    run_loaded,
+)
 from calibration.measure_plan import MeasurementPlan, parse_budget
 from calibration.measure_runner import measure
-from calibration.observations import Observation
+from calibration.observations import Observation, observations_from_json, observations_to_json
 from calibration.profile import fitted_profile
 from calibration.records import fit_scenario_to_records, read_records
 from live.replay import Target
@@ -224,6 +230,8 @@ def calibrate(server: VLLMServer, tokens: PromptTokens, work: Path, args: Any) -
         server.url, server.model_name, tokens, plan, block_size=32, budget_s=budget_s
     )
     coefficients, report = fit_steps(measurement.observations)
+    points = observations_to_json(measurement.observations)
+    (work / "isolated-points.json").write_text(json.dumps(points, indent=1) + "\n")
     template = scenario(burst(1), None, 0)
     idle = fitted_profile(template, coefficients, report, engine=EngineInfo(name="vllm"))
     idle_path = idle.save(work / "profile-idle.json")
@@ -267,6 +275,12 @@ def calibrate(server: VLLMServer, tokens: PromptTokens, work: Path, args: Any) -
     return Setup(idle_path, loaded_path, default_path, capacity, shared_capacity, info)
 
 
+#: The default calibration's scenario: the shapes' common lengths (its arrivals are replaced).
+def calibration_scenario() -> Scenario:
+    workload = {**LENGTHS, "arrival": {"type": "poisson", "rate": 1.0}, "num_requests": 100}
+    return scenario(workload, None, 98)
+
+
 def default_calibration(
     server: VLLMServer,
     tokens: PromptTokens,
@@ -278,27 +292,41 @@ def default_calibration(
     """What ``servesim calibrate`` does after its isolated points: loaded replays of the
     shapes' lengths within ``--loaded-budget``, their rebuilt steps fitted with the isolated
     points. Saved as ``profile-default.json``."""
-    requests = scenario(
-        {**LENGTHS, "arrival": {"type": "poisson", "rate": 1.0}, "num_requests": 100}, None, 98
-    )
     notes: list[str] = []
     runner = live_runner(Target(server.url, server.model_name), tokens.vocab_size, salt=5000)
     replays = run_loaded(
-        requests,
+        calibration_scenario(),
         coefficients,
         runner,
         work / "loaded-replays",
         parse_budget(args.loaded_budget),
         notes=notes,
     )
-    joint = fit_loaded(requests, isolated, coefficients, replays)
+    print(f"default calibration: {len(replays)} loaded replays; {'; '.join(notes) or 'no notes'}")
+    return default_profile(work, isolated, coefficients, replays, notes)
+
+
+def default_profile(
+    work: Path,
+    isolated: list[Observation],
+    coefficients: CalibratedCoefficients,
+    replays: list[Any],
+    notes: list[str],
+) -> tuple[Path, dict[str, Any]]:
+    """The joint fit of the isolated points and the loaded replays, as profile-default.json."""
+    joint = fit_loaded(calibration_scenario(), isolated, coefficients, replays)
     template = scenario(burst(1), None, 0)
     profile = fitted_profile(
         template, joint.coefficients, joint.report, engine=EngineInfo(name="vllm")
     )
     path = profile.save(work / "profile-default.json")
-    print(f"default calibration: {len(replays)} loaded replays; {'; '.join(notes) or 'no notes'}")
-    return path, {"replays": joint.replays, "notes": notes, "held_out": joint.report.held_out}
+    info = {
+        "replays": joint.replays,
+        "run_notes": notes,  # what run_loaded said (replays not run)
+        "notes": joint.report.notes,
+        "held_out": joint.report.held_out,
+    }
+    return path, info
 
 
 def refit(
@@ -445,6 +473,18 @@ def rescored_setup(work: Path, max_simulations: int) -> Setup:
     # Runs from before the shared shape had its own capacity sized it from LENGTHS'.
     shared = info.get("shared_capacity_rps", info["capacity_rps"])
     default = work / "profile-default.json"
+    points = work / "isolated-points.json"
+    if points.is_file() and info.get("default"):
+        # Refit the default profile from the saved isolated points and loaded replays.
+        isolated = observations_from_json(json.loads(points.read_text()))
+        replays = replays_from_summary(
+            calibration_scenario(),
+            info["default"]["replays"],
+            max_num_batched_tokens=ENGINE.max_num_batched_tokens,
+        )
+        default, info["default"] = default_profile(
+            work, isolated, coefficients, replays, info["default"].get("run_notes", [])
+        )
     return Setup(
         idle,
         loaded,

@@ -208,9 +208,12 @@ def _calibrate_from_server(
     engine_info = EngineInfo(name="vllm", version=version)
     if loaded:
         from calibration.loaded import fit_loaded
+        from calibration.observations import observations_to_json
 
         isolated = fitted_profile(scenario, coefficients, report, engine=engine_info)
         isolated_path = isolated.save(replays_dir(out) / "profile-isolated.json")
+        points = json.dumps(observations_to_json(measurement.observations), indent=1)
+        (replays_dir(out) / "isolated-points.json").write_text(points + "\n", encoding="utf-8")
         joint = fit_loaded(scenario, measurement.observations, coefficients, loaded)
         coefficients, report = joint.coefficients, joint.report
         data_summary.update(
@@ -285,17 +288,16 @@ def _print_loaded(replays: list[dict[str, Any]], report: FitReport) -> None:
         stderr.print(
             f"  {replay['name']} ({load}, {replay['requests']} requests, completed "
             f"{replay['completed_rps'] or float('nan'):.3g} req/s): {replay['steps_rebuilt']} "
-            f"steps rebuilt; mean error TTFT {pct(isolated['ttft_relative_error_mean'])} → "
-            f"{pct(joint['ttft_relative_error_mean'])}, E2E "
-            f"{pct(isolated['e2e_relative_error_mean'])} → {pct(joint['e2e_relative_error_mean'])}"
-            " (isolated points → with the loaded steps)",
+            f"steps rebuilt; sim/live − 1 on TTFT mean {pct(isolated['ttft_mean_error'])} → "
+            f"{pct(joint['ttft_mean_error'])}, E2E mean {pct(isolated['e2e_mean_error'])} → "
+            f"{pct(joint['e2e_mean_error'])} (isolated points → with the loaded steps)",
             highlight=False,
         )
     for held in report.held_out:
         stderr.print(
-            f"  left out {held['workload']}: steps {held['step_relative_error_mean']:.1%}, TTFT "
-            f"mean |error| {held['ttft_relative_error_mean']:.1%}, E2E "
-            f"{held['e2e_relative_error_mean']:.1%} (fitted on the isolated points and the others)",
+            f"  left out {held['workload']}: steps {held['step_relative_error_mean']:.1%} mean "
+            f"|error|; TTFT mean {held['ttft_mean_error']:+.1%}, E2E mean "
+            f"{held['e2e_mean_error']:+.1%} (fitted on the isolated points and the others)",
             highlight=False,
         )
 

@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 import pandas as pd
 
-from calibration.fit import fit_steps, predict_seconds, relative_residuals, usable_records
+from calibration.fit import fit_steps, predict_seconds, usable_records
 from calibration.observations import Observation
 from calibration.steps import RebuiltSteps, rebuild_steps
 from sim.engine.coefficients import CalibratedCoefficients
@@ -55,6 +55,12 @@ LOADS: tuple[tuple[str, float | None, float], ...] = (
     ("poisson 50%", 0.5, 0.3),
     ("poisson 85%", 0.85, 0.4),
 )
+
+#: The weights the loaded steps may carry against the isolated points (their share of the
+#: total); :func:`fit_loaded` picks one by leave-one-replay-out. The isolated points span the
+#: envelope's corners and carry the front end; the loaded steps are what workloads run, and a
+#: server under load is slower per step than alone (host contention, caches).
+LOADED_SHARES = (0.5, 0.8, 0.95)
 
 #: Below this many seconds left for them, no loaded replay runs (the profile says so).
 MIN_LOADED_S = 30.0
@@ -219,6 +225,35 @@ def run_loaded(
     return replays
 
 
+def replays_from_summary(
+    scenario: Scenario, entries: Sequence[dict[str, Any]], *, max_num_batched_tokens: int
+) -> list[LoadedReplay]:
+    """The loaded replays that a fit's summary entries (:attr:`LoadedFit.replays`, a profile's
+    ``data_summary.loaded_replays``) describe, read back from their directories with the
+    requests :func:`run_loaded` sent: to refit them without the server."""
+    scenario = _open_loop(scenario)
+    names = [name for name, _, _ in LOADS]
+    replays = []
+    for entry in entries:
+        rate = math.inf if entry["offered_rps"] is None else float(entry["offered_rps"])
+        seed = scenario.seed + 1 + names.index(entry["name"])
+        requests = retimed_requests(scenario, rate, int(entry["requests"]), seed=seed)
+        directory = Path(entry["directory"])
+        outcome = ReplayOutcome(
+            pd.read_parquet(directory / "records.parquet"),
+            pd.read_parquet(directory / "token_times.parquet"),
+            server_steps=entry.get("server_steps"),
+            server_tokens=None
+            if entry.get("server_tokens_per_step") is None or not entry.get("server_steps")
+            else float(entry["server_tokens_per_step"]) * float(entry["server_steps"]),
+        )
+        steps = rebuild_steps(
+            outcome.records, outcome.token_times, max_num_batched_tokens=max_num_batched_tokens
+        )
+        replays.append(LoadedReplay(entry["name"], directory, requests, outcome, rate, steps))
+    return replays
+
+
 def _weighted(observations: Sequence[Observation], total: float) -> list[Observation]:
     """``observations`` reweighted so that their weights sum to ``total``."""
     own = sum(obs.weight for obs in observations)
@@ -228,22 +263,62 @@ def _weighted(observations: Sequence[Observation], total: float) -> list[Observa
 
 
 def _joint(
-    isolated: Sequence[Observation], replays: Sequence[LoadedReplay]
+    isolated: Sequence[Observation], replays: Sequence[LoadedReplay], loaded_share: float
 ) -> tuple[CalibratedCoefficients, FitReport]:
-    """One step fit to the isolated points and the replays' steps, each source half the
-    weight (all of it to the steps when there are no isolated points)."""
+    """One step fit to the isolated points and the replays' steps, the steps carrying
+    ``loaded_share`` of the total weight (all of it when there are no isolated points)."""
     steps = [obs for replay in replays for obs in replay.steps.observations]
-    total = sum(obs.weight for obs in isolated) or float(len(steps))
+    isolated_weight = sum(obs.weight for obs in isolated)
+    if not isolated_weight:
+        return fit_steps(steps, method_name="isolated_points_and_loaded_steps")
+    total = isolated_weight * loaded_share / (1.0 - loaded_share)
     return fit_steps(
         [*isolated, *_weighted(steps, total)], method_name="isolated_points_and_loaded_steps"
     )
 
 
+def _held_out(
+    scenario: Scenario,
+    isolated: Sequence[Observation],
+    replays: Sequence[LoadedReplay],
+    loaded_share: float,
+) -> list[dict[str, float | str]]:
+    """Each replay left out in turn: fitted on the isolated points and the others (at
+    ``loaded_share``), its steps and its requests predicted."""
+    held_out: list[dict[str, float | str]] = []
+    for replay in replays:
+        fitted, _ = _joint(isolated, [r for r in replays if r is not replay], loaded_share)
+        ttft, e2e = _request_errors(scenario, replay, fitted)
+        held_out.append(
+            {
+                "workload": replay.name,
+                "loaded_share": loaded_share,
+                "step_relative_error_mean": _step_error(fitted, replay.steps),
+                "ttft_mean_error": ttft,
+                "e2e_mean_error": e2e,
+            }
+        )
+    return held_out
+
+
+def _held_out_score(held_out: Sequence[dict[str, float | str]]) -> float:
+    """Mean |error| of the left-out replays' TTFT and E2E means (NaN counts as 100%)."""
+    errors = [
+        abs(float(entry[key])) if math.isfinite(float(entry[key])) else 1.0
+        for entry in held_out
+        for key in ("ttft_mean_error", "e2e_mean_error")
+    ]
+    return float(np.mean(errors)) if errors else math.inf
+
+
 def _request_errors(
     scenario: Scenario, replay: LoadedReplay, coefficients: CalibratedCoefficients
 ) -> tuple[float, float]:
-    """Mean relative TTFT and E2E error of the simulator replaying ``replay``'s requests at
-    their real send times with ``coefficients`` (signed: + when the simulator is slower)."""
+    """The simulator replaying ``replay``'s requests at their real send times with
+    ``coefficients``: its mean TTFT and mean E2E over the live ones, less 1 (+ when the
+    simulator is slower), over the requests that completed in both. Means, not a mean of
+    per-request ratios: in a burst the server may serve the queue in another order than the
+    simulator, which moves single requests' TTFT by the whole queue but not its mean."""
     measured = usable_records(replay.outcome.records)
     if measured.empty:
         return float("nan"), float("nan")
@@ -261,8 +336,17 @@ def _request_errors(
         for r in replay.requests
     ]
     simulated = build(scenario, requests=requests, coefficients=coefficients).run().records
-    ttft, e2e = np.split(relative_residuals(measured, simulated), 2)
-    return float(np.mean(ttft)), float(np.mean(e2e))
+    both = measured.merge(
+        simulated[simulated["status"].astype(str) == "ok"][["request_id", "ttft_s", "e2e_s"]],
+        on="request_id",
+        suffixes=("", "_sim"),
+    )
+    if both.empty:
+        return float("nan"), float("nan")
+    return (
+        float(both["ttft_s_sim"].mean() / both["ttft_s"].mean() - 1.0),
+        float(both["e2e_s_sim"].mean() / both["e2e_s"].mean() - 1.0),
+    )
 
 
 def _step_error(coefficients: CalibratedCoefficients, steps: RebuiltSteps) -> float:
@@ -281,24 +365,36 @@ def fit_loaded(
     replays: Sequence[LoadedReplay],
 ) -> LoadedFit:
     """The joint fit of the isolated points and the replays' steps, each replay scored with it
-    and with the isolated fit, and each left out in turn (the report's ``held_out``)."""
+    and with the isolated fit, and each left out in turn (the report's ``held_out``).
+
+    How much the loaded steps weigh against the isolated points is chosen by that
+    leave-one-out: of :data:`LOADED_SHARES`, the share under which the left-out replays' TTFT
+    and E2E means are predicted best (with fewer than two replays, the first share). The
+    report's notes give every share's score.
+    """
     scenario = _open_loop(scenario)
-    coefficients, report = _joint(isolated, replays)
     usable = [r for r in replays if r.steps.observations]
+    loaded_share = LOADED_SHARES[0]
     held_out: list[dict[str, float | str]] = []
+    notes: list[str] = []
     if len(usable) > 1:
-        for replay in usable:
-            others = [r for r in usable if r is not replay]
-            fitted, _ = _joint(isolated, others)
-            ttft, e2e = _request_errors(scenario, replay, fitted)
-            held_out.append(
-                {
-                    "workload": replay.name,
-                    "step_relative_error_mean": _step_error(fitted, replay.steps),
-                    "ttft_relative_error_mean": abs(ttft),
-                    "e2e_relative_error_mean": abs(e2e),
-                }
-            )
+        trials = {share: _held_out(scenario, isolated, usable, share) for share in LOADED_SHARES}
+        scores = {share: _held_out_score(trial) for share, trial in trials.items()}
+        loaded_share = min(scores, key=lambda share: scores[share])
+        held_out = trials[loaded_share]
+        notes.append(
+            f"loaded steps weigh {loaded_share:.0%} against the isolated points: the share "
+            "whose left-out replays were predicted best (mean |error| of TTFT and E2E means: "
+            + ", ".join(f"{share:.0%} → {score:.1%}" for share, score in scores.items())
+            + ")"
+        )
+    elif usable:
+        notes.append(
+            f"loaded steps weigh {loaded_share:.0%} against the isolated points: one replay "
+            "only, nothing to choose the share by"
+        )
+    coefficients, report = _joint(isolated, usable, loaded_share)
+    report = report.model_copy(update={"notes": [*report.notes, *notes]})
     summaries = []
     for replay in replays:
         outcome = replay.outcome
@@ -328,8 +424,8 @@ def fit_loaded(
             ttft, e2e = _request_errors(scenario, replay, fitted)
             entry[label] = {
                 "step_relative_error_mean": _finite_or_none(_step_error(fitted, replay.steps)),
-                "ttft_relative_error_mean": _finite_or_none(ttft),
-                "e2e_relative_error_mean": _finite_or_none(e2e),
+                "ttft_mean_error": _finite_or_none(ttft),
+                "e2e_mean_error": _finite_or_none(e2e),
             }
         summaries.append(entry)
     report = report.model_copy(update={"held_out": held_out})

@@ -8,7 +8,8 @@ overhead; ``includes_frontend`` says so, and the fit estimates that overhead as 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
+from typing import Any
 
 from sim.engine.latency import BatchShape
 
@@ -27,3 +28,13 @@ class Observation:
     def __post_init__(self) -> None:
         if not self.seconds > 0:
             raise ValueError(f"seconds: a measured step must take > 0 s, got {self.seconds}")
+
+
+def observations_to_json(observations: list[Observation]) -> list[dict[str, object]]:
+    """Observations as JSON-ready dicts (the batch shape's fields nested under ``batch``)."""
+    return [{**asdict(obs), "batch": asdict(obs.batch)} for obs in observations]
+
+
+def observations_from_json(entries: list[dict[str, Any]]) -> list[Observation]:
+    """What :func:`observations_to_json` wrote, back as observations."""
+    return [Observation(**{**entry, "batch": BatchShape(**entry["batch"])}) for entry in entries]
