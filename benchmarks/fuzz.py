@@ -1205,7 +1205,7 @@ def _timestamp_problem(record: Any, recording: bool) -> str | None:
             return "ok without a first token or finish time"
     elif record.status == RequestStatus.REJECTED and not math.isnan(record.first_token_s):
         return "rejected after its first token"
-    tokens = record.token_times_s
+    tokens = record.token_times_s or []
     if recording and record.status == RequestStatus.OK and len(tokens) != record.output_tokens:
         return f"{len(tokens)} token times for {record.output_tokens} tokens"
     if tokens:

@@ -78,7 +78,7 @@ def _record_from_row(row: object) -> Record:
             status=RequestStatus(row["status"]),
             error=str(row["error"]),
             priority=int(row.get("priority", 0)),  # absent from files written before it was
-            token_times_s=[float(t) for t in row.get("token_times_s", ())],
+            token_times_s=[float(t) for t in row.get("token_times_s") or ()],
         )
     except KeyError as exc:
         raise ValueError(f"field {exc.args[0]!r} is missing") from None

@@ -29,6 +29,7 @@ import time
 import warnings
 from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass
+from itertools import pairwise
 from pathlib import Path
 from typing import IO, Any, Literal
 
@@ -165,7 +166,7 @@ class _Replay:
         if self.sink is not None:
             row = record.as_row()
             if self.options.record_token_times:
-                row["token_times_s"] = record.token_times_s
+                row["token_times_s"] = record.token_times_s or []
             self.sink.write(json.dumps(row, allow_nan=True) + "\n")
             self.sink.flush()
         if self.progress is not None:
@@ -414,7 +415,7 @@ async def replay(
         b - a
         for record in state.records.values()
         if record.status == RequestStatus.OK
-        for a, b in zip(record.token_times_s, record.token_times_s[1:], strict=False)
+        for a, b in pairwise(record.token_times_s or ())
     ]
     records = [state.records[r.request_id] for r in state.requests]
     return ReplayResult(

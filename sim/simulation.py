@@ -456,3 +456,6 @@ class _Run:
                     record.error = f"not finished when the run stopped: {self.stop_reason}"
         if fleet.rows[-1].time_s < env.now:
             fleet.sample(env.now, self.num_finished, self.num_ok)  # the final partial interval
+        # What released requests is done with: drop its indexes before the records become a
+        # table (a big run's peak memory is there).
+        self.record_of, self.children, self.roots = {}, {}, []

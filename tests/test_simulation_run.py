@@ -141,3 +141,20 @@ def test_a_mixture_of_experts_simulates_from_the_catalogue_and_from_dimensions()
         fields.pop(unsupported)
     custom = build(parse_scenario(scenario_dict(model=fields))).run()
     assert custom.summary["ttft_s"] == catalogue.summary["ttft_s"]
+
+
+@pytest.mark.parametrize("recording", [False, True])
+def test_records_hold_token_times_only_when_the_run_records_them(recording: bool) -> None:
+    # A big run has a record per request: without output.record_token_times none of them
+    # carries a list (not even an empty one); with it, every completed one has a time a token.
+    data = scenario_dict(output={"record_token_times": recording})
+    simulation = build(parse_scenario(data))
+    result = simulation.run()
+    ok = [r for r in simulation.records if r.status == RequestStatus.OK]
+    assert ok
+    if recording:
+        assert all(len(r.token_times_s or ()) == r.output_tokens for r in ok)
+        assert result.token_times is not None
+    else:
+        assert all(r.token_times_s is None for r in simulation.records)
+        assert result.token_times is None

@@ -13,7 +13,7 @@ from __future__ import annotations
 import hashlib
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from enum import IntEnum, StrEnum
 
 Segment = tuple[int, int]
@@ -206,7 +206,9 @@ class Record:
     status: RequestStatus | None = None
     priority: int = 0  # the request's (lower is served first under the priority policy)
     error: str = ""
-    token_times_s: list[float] = field(default_factory=list)
+    # Every output token's time, when the run records them (None otherwise: a big run has a
+    # record per request, and an empty list each would cost tens of bytes apiece).
+    token_times_s: list[float] | None = None
 
     def as_row(self) -> dict[str, object]:
         """The record as a dict with exactly :data:`RECORD_COLUMNS` as keys."""

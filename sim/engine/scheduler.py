@@ -157,7 +157,10 @@ class _SchedulerBase:
             self.add_itl(now - seq.last_token_s, 1)
         seq.last_token_s = now
         if self.options.record_token_times:
-            record.token_times_s.append(now)
+            if record.token_times_s is None:
+                record.token_times_s = [now]
+            else:
+                record.token_times_s.append(now)
         if seq.num_generated < seq.request.output_tokens:
             return False
         self._finish(seq, now)

@@ -153,7 +153,8 @@ class DisaggregatedFleet:
         yield self.env.timeout(max(0.0, at_s - self.env.now))
         replica.release_kv(seq.request_id)
         if recording and seq.kv_ready_s == at_s:
-            seq.record.token_times_s.insert(0, at_s)
+            times = seq.record.token_times_s
+            seq.record.token_times_s = [at_s] if times is None else [at_s, *times]
 
     # -- the Fleet interface the simulation samples and summarises ----------------------------
     def totals(self) -> _Totals:

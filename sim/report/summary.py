@@ -100,7 +100,7 @@ def records_frame(records: Iterable[Record]) -> pd.DataFrame:
 
 def token_times_frame(records: Iterable[Record]) -> pd.DataFrame | None:
     """Every recorded token time as ``(request_id, token_index, time_s)``; None if none kept."""
-    rows = [(r.request_id, i, t) for r in records for i, t in enumerate(r.token_times_s)]
+    rows = [(r.request_id, i, t) for r in records for i, t in enumerate(r.token_times_s or ())]
     if not rows:
         return None
     return pd.DataFrame(rows, columns=["request_id", "token_index", "time_s"])
@@ -157,10 +157,11 @@ def weighted_percentiles(
     """``np.percentile`` (linear method) of ``values`` repeated ``counts`` times, without
     expanding them: the two order statistics around each percentile are found by a search in
     the cumulative counts and interpolated as numpy does."""
-    order = np.argsort(values, kind="stable")
-    sorted_values = values[order]
+    # A big run has millions of steps: two temporaries (the order and the cumulative counts),
+    # not a sorted copy of the values beside them, which only a few positions are read from.
+    # Equal values are interchangeable, so the sort need not be stable (nor allocate a buffer).
+    order = np.argsort(values)
     ends = counts[order]
-    del order  # a big run has millions of steps: hold one temporary array at a time
     np.cumsum(ends, out=ends)  # the expanded index after each value's last copy
     total = int(ends[-1])
     position = np.asarray(percentiles, dtype=np.float64) / 100.0 * (total - 1)
@@ -168,8 +169,8 @@ def weighted_percentiles(
     fraction = position - below
     below_index = below.astype(np.int64)
     above_index = np.minimum(below_index + 1, total - 1)
-    low = sorted_values[np.searchsorted(ends, below_index, side="right")]
-    high = sorted_values[np.searchsorted(ends, above_index, side="right")]
+    low = values[order[np.searchsorted(ends, below_index, side="right")]]
+    high = values[order[np.searchsorted(ends, above_index, side="right")]]
     difference = high - low
     # numpy's lerp: from the lower neighbour below one half, from the upper one from there on.
     result: np.ndarray = np.where(
