@@ -38,6 +38,7 @@ import pandas as pd
 
 from calibration.fit import fit_steps, predict_seconds, usable_records
 from calibration.observations import Observation
+from calibration.records import at_send_times
 from calibration.steps import RebuiltSteps, rebuild_steps
 from sim.engine.coefficients import CalibratedCoefficients
 from sim.engine.profile import FitReport
@@ -322,19 +323,7 @@ def _request_errors(
     measured = usable_records(replay.outcome.records)
     if measured.empty:
         return float("nan"), float("nan")
-    sent = dict(
-        zip(
-            replay.outcome.records["request_id"].astype(int).tolist(),
-            replay.outcome.records["arrival_s"].astype(float).tolist(),
-            strict=True,
-        )
-    )
-    requests = [
-        dataclasses.replace(r, arrival_s=sent[r.request_id])
-        if r.parent_id < 0 and math.isfinite(sent.get(r.request_id, math.nan))
-        else r
-        for r in replay.requests
-    ]
+    requests = at_send_times(replay.requests, replay.outcome.records)
     simulated = build(scenario, requests=requests, coefficients=coefficients).run().records
     both = measured.merge(
         simulated[simulated["status"].astype(str) == "ok"][["request_id", "ttft_s", "e2e_s"]],

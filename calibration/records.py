@@ -122,7 +122,7 @@ def replay_requests(scenario: Scenario, records: pd.DataFrame) -> tuple[list[Req
         )
     )
     if len(own) == len(records) and all(recorded.get(r.request_id) == r.prompt_tokens for r in own):
-        return _at_send_times(own, records), (
+        return at_send_times(own, records), (
             "the scenario's own requests (the records are a run of this scenario), first turns "
             "at their recorded send times"
         )
@@ -150,7 +150,7 @@ def replay_requests(scenario: Scenario, records: pd.DataFrame) -> tuple[list[Req
     )
 
 
-def _at_send_times(requests: list[Request], records: pd.DataFrame) -> list[Request]:
+def at_send_times(requests: list[Request], records: pd.DataFrame) -> list[Request]:
     """``requests`` with each first turn's arrival moved to its record's ``arrival_s`` (later
     turns arrive after their parent, as in the simulator); a record without a finite time keeps
     the planned one."""
