@@ -36,6 +36,15 @@ from sim.serve_flags import vllm_serve_args
 API_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 #: KV-cache size in GiB given to the CPU backend unless the caller's environment sets one.
 DEFAULT_CPU_KVCACHE_SPACE_GIB = 1
+#: Set to "0" for a one-worker CPU server (unless the caller's environment sets it): vLLM's CPU
+#: backend then keeps the model in the engine-core process (the one-process executor a GPU
+#: server uses at tensor parallelism 1) instead of a worker process behind a shared-memory
+#: queue. That queue's reader, the engine core, spins on ``sched_yield`` while the worker runs a
+#: step; on a 2-core machine (worker pinned to one core) the spin shares the other core with the
+#: API server and the client, and we measured whole streams held back and delivered in one burst
+#: when the request ended: 9 and 6 of 15 sequential requests on two fresh servers, 0 of 15 with
+#: this set (3M tiny model, 41 output tokens, 2026-12-05).
+CPU_MULTIPROCESSING_VAR = "VLLM_ENABLE_V1_MULTIPROCESSING"
 #: How long :meth:`VLLMServer.stop` waits for init to reap the group's orphaned zombies.
 ZOMBIE_REAP_WAIT_S = 5.0
 #: Lines of the server log quoted in a :class:`ServerStartError`.
@@ -110,7 +119,8 @@ class VLLMServer:
     Use as a context manager (``with VLLMServer(...) as server:``) or call :meth:`start` and
     :meth:`stop`. The server is stopped when the ``with`` body raises and, failing that, at
     interpreter exit. ``cpu`` None picks the CPU backend when there is no CUDA device: it then
-    sets ``VLLM_CPU_KVCACHE_SPACE`` (unless the environment has one) and ``--enforce-eager``.
+    sets ``VLLM_CPU_KVCACHE_SPACE`` (unless the environment has one), ``--enforce-eager``, and
+    for one worker the one-process executor (see :data:`CPU_MULTIPROCESSING_VAR`).
     """
 
     def __init__(
@@ -141,6 +151,8 @@ class VLLMServer:
         self.env = dict(os.environ if env is None else {**os.environ, **env})
         if self.cpu:
             self.env.setdefault("VLLM_CPU_KVCACHE_SPACE", str(DEFAULT_CPU_KVCACHE_SPACE_GIB))
+            if self.engine.tensor_parallel_size * self.engine.pipeline_parallel_size == 1:
+                self.env.setdefault(CPU_MULTIPROCESSING_VAR, "0")
         self.env["PYTHONUNBUFFERED"] = "1"  # so the log tail is current when startup fails
         self.command = [
             sys.executable,

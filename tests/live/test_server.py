@@ -7,6 +7,7 @@ that serves, one that cannot start), about 30-40 s each on two CPU cores.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -21,8 +22,10 @@ from typing import Any
 
 import pytest
 
+from live.client import stream_completion as live_stream_completion
 from live.scrape import metrics_delta, scrape
 from live.server import (
+    CPU_MULTIPROCESSING_VAR,
     EndpointError,
     ServerStartError,
     VLLMServer,
@@ -81,6 +84,20 @@ def test_defaults_and_cpu_flags() -> None:
     assert "--enforce-eager" not in args and "--no-enforce-eager" not in args
     assert args[-2:] == ["--seed", "1"]
     assert flag_value(vllm_serve_args("m", EngineSpec()), "--block-size") == "16"
+
+
+def test_a_one_worker_cpu_server_keeps_the_model_in_the_engine_core(tmp_path: Path) -> None:
+    def env_of(engine: EngineSpec, **kwargs: Any) -> dict[str, str]:
+        return VLLMServer("m", engine, log_path=tmp_path / "log", cpu=True, **kwargs).env
+
+    assert env_of(EngineSpec(block_size=32))[CPU_MULTIPROCESSING_VAR] == "0"
+    # Several workers need vLLM's multiprocess executor; the caller's setting always wins.
+    tp2 = env_of(EngineSpec(block_size=32, tensor_parallel_size=2), env={})
+    assert CPU_MULTIPROCESSING_VAR not in tp2
+    chosen = env_of(EngineSpec(block_size=32), env={CPU_MULTIPROCESSING_VAR: "1"})
+    assert chosen[CPU_MULTIPROCESSING_VAR] == "1"
+    gpu = VLLMServer("m", EngineSpec(), log_path=tmp_path / "log", cpu=False, env={}).env
+    assert CPU_MULTIPROCESSING_VAR not in gpu
 
 
 def test_knobs_a_vllm_server_cannot_honour_are_errors() -> None:
@@ -315,6 +332,34 @@ def test_streamed_completions_show_up_in_the_metrics(real_server: VLLMServer) ->
     assert delta.prefix_cache_queries == 2 * len(PROMPT)
     assert delta.prefix_cache_hits == 64
     assert delta.preemptions == 0
+
+
+@pytest.mark.live
+def test_tokens_stream_as_they_are_generated(real_server: VLLMServer) -> None:
+    """Each decode step's token leaves the server when it is made, not with the last one: the
+    stream that calibration reads step times from. (With vLLM's CPU worker process behind a
+    spinning engine core, whole streams arrived in one burst on 2 cores; see
+    ``CPU_MULTIPROCESSING_VAR``.)"""
+
+    async def arrivals() -> list[list[float]]:
+        async with httpx.AsyncClient() as client:
+            return [
+                (
+                    await live_stream_completion(
+                        client,
+                        real_server.url,
+                        real_server.model_name,
+                        [300 + (index * 7 + i) % 700 for i in range(64)],
+                        40,
+                    )
+                ).token_times_s
+                for index in range(16)
+            ]
+
+    for index, times in enumerate(asyncio.run(arrivals())):
+        assert len(times) == 40
+        # Token by token, or a few merged by the client's reads: never one burst.
+        assert len(set(times)) >= 16, (index, times)
 
 
 @pytest.mark.live
