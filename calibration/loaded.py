@@ -7,9 +7,13 @@ points, not measured. ``servesim calibrate`` therefore spends the rest of its bu
 replays of the scenario's own requests (its lengths and prefix structure; its arrivals are
 replaced):
 
-1. a **burst**: requests all sent at once, sized from the capacity the isolated fit predicts.
-   Completed requests over its makespan is the server's capacity, measured live;
+1. a **burst**: requests all sent at once, sized from the capacity the isolated fit predicts
+   (at most :data:`BURST_MAX_BATCHES` full batches). Completed requests over its makespan is
+   the server's capacity, measured live;
 2. **Poisson** replays at 50% and 85% of that measured capacity.
+
+Each replay is sized to its share of the budget that is left when it starts, so a burst that
+took longer than planned (an optimistic isolated fit) shortens the replays after it.
 
 Every replay streams its token times, and the engine steps are rebuilt from them
 (:mod:`calibration.steps`): hundreds of loaded steps per replay. They are fitted together with
@@ -68,6 +72,10 @@ MIN_LOADED_S = 30.0
 #: Requests per replay: enough steps to fit, few enough for a laptop's CPU server.
 MIN_REQUESTS = 12
 MAX_REQUESTS = 2000
+#: The burst holds at most this many full batches (``max_num_seqs`` each): enough to measure
+#: the capacity of a full server, and a bound on the budget it takes when the isolated fit, which
+#: sizes it, overestimates the capacity.
+BURST_MAX_BATCHES = 8
 
 
 @dataclass(frozen=True)
@@ -177,9 +185,10 @@ def run_loaded(
 ) -> list[LoadedReplay]:
     """The loaded replays of :data:`LOADS` within ``budget_s`` (see the module docstring),
     each under ``out_dir/<name>``. ``coefficients`` (the isolated fit) size the burst; the burst
-    sizes the rest. A replay whose planned length would overrun what is left is not run, and
-    ``notes`` say so. ``clock`` tells the seconds spent (a simulated server's own clock in
-    tests)."""
+    sizes the rest. Each replay gets its share of what is left of ``budget_s``; one that would
+    overrun what is left even at :data:`MIN_REQUESTS` is not run, and ``notes`` say so (and
+    when a replay was shortened). ``clock`` tells the seconds spent (a simulated server's own
+    clock in tests)."""
     notes = notes if notes is not None else []
     if budget_s < MIN_LOADED_S:
         notes.append(
@@ -195,12 +204,22 @@ def run_loaded(
         if not capacity > 0 or not math.isfinite(capacity):
             notes.append(f"{name}: not run, no capacity to size it from")
             break
-        seconds = share * budget_s
+        # Each replay gets its share of what is left, so one that overran (a burst sized from
+        # an optimistic isolated fit) shortens those after it instead of crowding them out.
+        left_s = budget_s - (clock() - start)
+        seconds = left_s * share / sum(later for _, _, later in LOADS[index:])
         rate = math.inf if fraction is None else fraction * capacity
         served = capacity if fraction is None else rate  # requests per second it will take
-        count = int(np.clip(round(served * seconds), MIN_REQUESTS, MAX_REQUESTS))
+        most = MAX_REQUESTS
+        if fraction is None:
+            most = min(most, BURST_MAX_BATCHES * scenario.engine.max_num_seqs)
+        count = int(np.clip(round(served * seconds), MIN_REQUESTS, max(most, MIN_REQUESTS)))
         planned_s = count / served
-        left_s = budget_s - (clock() - start)
+        if index > 0 and seconds < 0.5 * share * budget_s and planned_s <= 1.5 * left_s:
+            notes.append(
+                f"{name}: {count} requests (~{planned_s:.0f} s), shortened: the replays "
+                f"before it took more than their share of the budget"
+            )
         if planned_s > 1.5 * left_s:
             notes.append(
                 f"{name}: not run, {count} requests would take ~{planned_s:.0f} s and "

@@ -14,6 +14,7 @@ import pytest
 
 from calibration.fit import predict_seconds
 from calibration.loaded import (
+    BURST_MAX_BATCHES,
     LOADED_SHARES,
     MIN_LOADED_S,
     ReplayOutcome,
@@ -181,9 +182,9 @@ def test_a_budget_too_short_runs_no_replay_and_says_so(tmp_path: Path) -> None:
     assert "raise --budget" in notes[0]
 
 
-def test_a_replay_that_would_overrun_the_budget_is_not_run(tmp_path: Path) -> None:
+def test_a_burst_that_overran_shortens_the_replays_after_it(tmp_path: Path) -> None:
     # The isolated fit is 3× too fast: the burst, sized for 30% of the budget at the capacity
-    # it predicts, takes about 90% of it on this server, and no Poisson replay fits after it.
+    # it predicts, takes most of it on this server. The Poisson replays share what is left.
     fast = dataclasses.replace(
         TRUTH,
         step_overhead_s=TRUTH.step_overhead_s / 3,
@@ -196,10 +197,44 @@ def test_a_replay_that_would_overrun_the_budget_is_not_run(tmp_path: Path) -> No
     replays = run_loaded(
         scenario(), fast, server, tmp_path, budget_s=60, notes=notes, clock=lambda: server.now
     )
-    assert [r.name for r in replays] == ["burst"]
-    assert server.now > 0.6 * 60
-    assert "poisson 50%: not run" in notes[0], notes
-    # With the server's own coefficients the same budget runs all three.
+    assert [r.name for r in replays] == ["burst", "poisson 50%", "poisson 85%"], notes
+    burst_s = float(replays[0].outcome.records["finish_s"].max())
+    assert burst_s > 0.6 * 60
+    assert "poisson 50%" in notes[0] and "shortened" in notes[0], notes
+    assert len(replays[1].requests) < len(replays[2].requests)  # 30 and 40% of what was left
+    assert server.now < 1.5 * 60
+    # With the server's own coefficients the same budget runs all three unshortened.
     server = SimulatedServer()
-    replays = run_loaded(scenario(), TRUTH, server, tmp_path, 60, clock=lambda: server.now)
-    assert len(replays) == 3
+    notes = []
+    replays = run_loaded(
+        scenario(), TRUTH, server, tmp_path, 60, notes=notes, clock=lambda: server.now
+    )
+    assert len(replays) == 3 and notes == []
+
+
+def test_a_replay_that_would_overrun_the_budget_is_not_run(tmp_path: Path) -> None:
+    # 10× too fast: the burst takes the whole budget and more; nothing fits after it.
+    fast = dataclasses.replace(
+        TRUTH,
+        step_overhead_s=TRUTH.step_overhead_s / 10,
+        per_prefill_token_s=TRUTH.per_prefill_token_s / 10,
+        per_decode_seq_s=TRUTH.per_decode_seq_s / 10,
+        per_context_token_s=TRUTH.per_context_token_s / 10,
+    )
+    server = SimulatedServer()
+    notes: list[str] = []
+    replays = run_loaded(
+        scenario(), fast, server, tmp_path, budget_s=60, notes=notes, clock=lambda: server.now
+    )
+    assert [r.name for r in replays] == ["burst"]
+    assert "poisson 50%: not run" in notes[0], notes
+
+
+def test_the_burst_holds_a_few_full_batches_at_most(tmp_path: Path) -> None:
+    base = scenario()
+    small = base.model_copy(update={"engine": base.engine.model_copy(update={"max_num_seqs": 4})})
+    server = SimulatedServer()
+    replays = run_loaded(small, TRUTH, server, tmp_path, 600, clock=lambda: server.now)
+    assert len(replays[0].requests) == BURST_MAX_BATCHES * 4
+    # The Poisson replays are sized by time, not by batches.
+    assert len(replays[2].requests) > BURST_MAX_BATCHES * 4
