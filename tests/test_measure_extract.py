@@ -130,6 +130,18 @@ def test_mixed_step_is_the_gap_ending_at_the_prefills_first_token() -> None:
     assert observation.batch.prefill_attention_pairs == prefill_chunk_pairs(512, 0)
 
 
+def test_mixed_step_is_found_when_the_first_token_arrives_a_step_late() -> None:
+    # As vLLM-CPU with the model in the engine core delivered it: the 60 ms mixed step ends at
+    # 0.26 in the running streams, and the prefill's first token reaches the client with the
+    # next step's tokens, 5 ms later: nearer that short step's end than the long one's.
+    decode_times = [*regular(0.10, 0.005, 21), *regular(0.26, 0.005, 10)]
+    decodes = [stream(0.0, [t + 0.0001 * i for t in decode_times]) for i in range(4)]
+    prefill = stream(0.201, [0.2651, 0.27])
+    step = mixed_step(decodes, prefill, context_tokens=64)
+    assert step is not None
+    assert step.step_s == pytest.approx(0.06)
+
+
 def test_mixed_step_needs_the_prefill_to_land_among_running_decodes() -> None:
     decodes = [stream(0.0, regular(0.10, 0.01, 10))]
     before_all_started = stream(0.05, [0.15, 0.16])
