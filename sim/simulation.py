@@ -339,20 +339,22 @@ class _Run:
             yield self.env.timeout(self.frontend_s)
         self.fleet.submit(request, record)
 
-    def free_slot(self) -> Generator[simpy.Event, Any, None]:
-        """An answer arrived: after the user's think time its slot takes the next request."""
+    def free_slot(self, lag_s: float) -> Generator[simpy.Event, Any, None]:
+        """An answer arrived (``lag_s`` after its last step: the front end's streaming
+        backlog): after the user's think time its slot takes the next request."""
         assert self.slots is not None
-        if self.simulation.client_think_s:
-            yield self.env.timeout(self.simulation.client_think_s)
+        if self.simulation.client_think_s + lag_s:
+            yield self.env.timeout(self.simulation.client_think_s + lag_s)
         if self.held:
             self.env.process(self.send(self.held.popleft()))
         else:
             self.slots += 1
 
-    def release(self, request: Request) -> Generator[simpy.Event, Any, None]:
-        """A later turn: it arrives a think time after its parent finished."""
+    def release(self, request: Request, lag_s: float) -> Generator[simpy.Event, Any, None]:
+        """A later turn: it arrives a think time after its parent's answer reached the client
+        (``lag_s`` after the parent's last step)."""
         env = self.env
-        yield env.timeout(request.think_time_s)
+        yield env.timeout(request.think_time_s + lag_s)
         if self.slots is not None:
             self.ready(request)
             return
@@ -368,10 +370,14 @@ class _Run:
         self.num_ok += record.status == RequestStatus.OK
         if self.scaler is not None:
             self.scaler.observe(record)
+        # The answer reaches the client when the front end has streamed its last token, which
+        # may be after the step that computed it (Replica.delivered_s).
+        lag_s = record.finish_s - self.env.now
+        lag_s = lag_s if lag_s > 0 else 0.0  # also NaN: a request that never ran
         if self.slots is not None:
-            self.env.process(self.free_slot())
+            self.env.process(self.free_slot(lag_s))
         for child in self.children.get(record.request_id, ()):
-            self.env.process(self.release(child))
+            self.env.process(self.release(child, lag_s))
         total = len(self.records)
         if self.progress is not None and self.num_finished % self.progress_every == 0:
             self.progress(self.num_finished, total)

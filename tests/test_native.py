@@ -8,6 +8,7 @@ nothing is compiled (no C compiler, ``NATIVE=0``) they skip: both runs would be 
 
 from __future__ import annotations
 
+import copy
 import json
 import shutil
 import subprocess
@@ -33,12 +34,15 @@ pytestmark = pytest.mark.skipif(not COMPILED, reason="the engine is not compiled
 
 def scenarios() -> dict[str, dict[str, Any]]:
     """Scenarios that take the engine through its branches: prefix caching and fast-forward,
-    a fleet behind the prefix-affinity router, disaggregation, autoscaling, static batching."""
+    a fleet behind the prefix-affinity router, disaggregation, autoscaling, static batching, a
+    front end that streams tokens behind the engine."""
     out = {
         "default": yaml.safe_load((ROOT / "sim" / "default_scenario.yaml").read_text()),
         "R3": reference_scenario("R3", 0.02),
     }
     out["default"]["workload"]["num_requests"] = 400
+    out["streaming"] = copy.deepcopy(out["default"])
+    out["streaming"]["latency"] = {"type": "roofline", "per_streamed_token_s": 2e-4}
     for name in ("disaggregated_long_prompts", "fleet_autoscaling", "static_batching"):
         data = yaml.safe_load((ROOT / "scenarios" / f"{name}.yaml").read_text())
         data["workload"].pop("duration_s", None)

@@ -19,6 +19,12 @@ class CalibratedCoefficients:
     ``frontend_overhead_s`` is not part of a step: it is the time a request spends in the
     server's front end (HTTP, validation, streaming the first token back), which a client sees
     in TTFT and end-to-end latency.
+
+    ``per_streamed_token_s`` is not part of a step either: the host time the front end spends
+    on each token it streams (vLLM's API server detokenizes it, frames it as a server-sent
+    event and writes it; a client on the same host parses it). One front-end thread serves a
+    replica, so under load the tokens of a step wait for those of earlier steps (see
+    :meth:`sim.engine.replica.Replica.delivered_s`). 0: tokens reach the client as the step ends.
     """
 
     step_overhead_s: float
@@ -35,6 +41,7 @@ class CalibratedCoefficients:
     # their weights from memory once (the roofline's memory-bound side; the per-token terms are
     # its compute-bound side). 0: the purely linear model of profiles fitted before this term.
     linear_floor_s: float = 0.0
+    per_streamed_token_s: float = 0.0
 
     def __post_init__(self) -> None:
         if self.per_shared_context_token_s is None:

@@ -142,6 +142,8 @@ class CalibratedModel:
         self, coefficients: CalibratedCoefficients, envelope: dict[str, float] | None = None
     ) -> None:
         self.coefficients = coefficients
+        # Host time per token the front end streams (not a step's time; see Replica).
+        self.streamed_token_s = coefficients.per_streamed_token_s
         # The largest step the calibration measured (see sim.engine.profile
         # .calibrated_envelope), and the largest this model was asked about.
         self.envelope = envelope or {}
@@ -273,6 +275,10 @@ class RooflineParams:
     # (sim/engine/scheduler.py cascade_shared_tokens), is read from memory once per step; False
     # charges every request its whole context.
     shared_kv_read_once: bool = True
+    # Not a step's time: host seconds the front end spends on each token it streams (see
+    # CalibratedCoefficients.per_streamed_token_s). 0 by default: no published per-token cost
+    # of vLLM's API server on a GPU host to hold it to; a calibration measures it.
+    per_streamed_token_s: float = 0.0
 
     def __post_init__(self) -> None:
         for name in (
@@ -290,6 +296,8 @@ class RooflineParams:
             raise ValueError(f"allreduce_latency_s: must be >= 0, got {self.allreduce_latency_s}")
         if self.layer_elementwise_s < 0:
             raise ValueError(f"layer_elementwise_s: must be >= 0, got {self.layer_elementwise_s}")
+        if self.per_streamed_token_s < 0:
+            raise ValueError(f"per_streamed_token_s: must be >= 0, got {self.per_streamed_token_s}")
 
 
 class RooflineModel:
@@ -329,6 +337,7 @@ class RooflineModel:
         self.tp = tensor_parallel_size
         self.pp = pipeline_parallel_size
         self.params = params or RooflineParams()
+        self.streamed_token_s = self.params.per_streamed_token_s  # see Replica.delivered_s
         p = self.params
         # bitsandbytes streams (dequantized) 16-bit weights and pays a kernel slowdown on top.
         bnb = quantization == "bitsandbytes"

@@ -112,6 +112,10 @@ class Replica:
         self.async_scheduling = scheduler.options.async_scheduling and self.pipeline_depth == 1
         self._pending: list[tuple[float, Sequence]] = []
         self._busy = False  # a step (or run) is in progress
+        # The front end's host thread (see delivered_s): seconds per streamed token, and when
+        # it has sent every token handed to it so far.
+        self.streamed_token_s = float(getattr(latency_model, "streamed_token_s", 0.0))
+        self.frontend_free_s = 0.0
         self.process = env.process(
             self._engine_loop() if self.pipeline_depth == 1 else self._pipelined_loop()
         )
@@ -268,10 +272,26 @@ class Replica:
             yield self._wakeup | env.timeout(max(0.0, wake_at - env.now))
         self._wakeup = None
 
+    def delivered_s(self, now: float, tokens: int) -> float:
+        """When the ``tokens`` a step ending at ``now`` produced reach their clients.
+
+        One front-end thread streams a replica's tokens (vLLM's API server: detokenize, frame,
+        send), ``streamed_token_s`` each, a step's tokens after those of earlier steps: under
+        light load they leave ``tokens * streamed_token_s`` after the step, and when tokens come
+        faster than it streams them, the lag grows. The engine does not wait for it (vLLM's
+        engine core runs ahead of its API server). With ``streamed_token_s`` 0: ``now``."""
+        cost = self.streamed_token_s
+        if cost == 0.0 or tokens <= 0:
+            return now
+        start = now if now > self.frontend_free_s else self.frontend_free_s
+        self.frontend_free_s = start + tokens * cost
+        return self.frontend_free_s
+
     def _completed(self, plan: StepPlan, now: float) -> None:
         self.prompt_tokens_computed += plan.batch.num_prefill_tokens
-        self.output_tokens_generated += plan.batch.num_sampled - len(plan.padding)
-        for seq in self.scheduler.complete(plan, now):
+        sampled = plan.batch.num_sampled - len(plan.padding)
+        self.output_tokens_generated += sampled
+        for seq in self.scheduler.complete(plan, self.delivered_s(now, sampled)):
             self._on_finish(seq.record)
 
     # -- fast-forward -------------------------------------------------------------------------
@@ -383,7 +403,12 @@ class Replica:
         self._run = None
         scheduler = self.scheduler
         assert isinstance(scheduler, ContinuousBatchScheduler)
-        finished = scheduler.complete_run(run.plan.scheduled, run.times, end)
+        times = run.times
+        if self.streamed_token_s:
+            # Each step's tokens through the front end, one step at a time as step by step.
+            # Step j (from 1) ends at times[j] with a token for every request of the run.
+            times = [times[0]] + [self.delivered_s(t, len(run.seqs)) for t in times[1 : end + 1]]
+        finished = scheduler.complete_run(run.plan.scheduled, times, end)
         self.output_tokens_generated += len(run.seqs)  # the last step's
         if end == 1:
             self.prompt_tokens_computed += run.plan.batch.num_prefill_tokens

@@ -116,6 +116,9 @@ class RooflineLatencySpec(Spec):
     # Not a step's time: what the server's front end adds to every request (see
     # sim/engine/latency.py DEFAULT_FRONTEND_OVERHEAD_S).
     frontend_overhead_s: Annotated[float, Field(ge=0)] = DEFAULT_FRONTEND_OVERHEAD_S
+    # Host seconds the front end spends per streamed token (one thread per replica; see
+    # sim/engine/coefficients.py). 0: tokens reach the client as their step ends.
+    per_streamed_token_s: Annotated[float, Field(ge=0)] = _ROOFLINE.per_streamed_token_s
 
     def params(self) -> RooflineParams:
         """The roofline model's parameters."""
