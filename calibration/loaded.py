@@ -67,6 +67,15 @@ LOADS: tuple[tuple[str, float | None, float], ...] = (
 #: server under load is slower per step than alone (host contention, caches).
 LOADED_SHARES = (0.5, 0.8, 0.95)
 
+#: The front end's host time per streamed token (``per_streamed_token_s``) is searched on this
+#: many evenly spaced points from 0 to the most the replays allow, then refined around the best.
+STREAMING_GRID = 7
+STREAMING_REFINE_STEPS = 6
+#: A cost is kept only if it predicts the replays better by more than this (mean |error| of
+#: their TTFT and E2E means) than none: a front end that keeps up shows no cost to find, and a
+#: smaller gain is the fit's noise.
+STREAMING_MIN_GAIN = 0.01
+
 #: Below this many seconds left for them, no loaded replay runs (the profile says so).
 MIN_LOADED_S = 30.0
 #: Requests per replay: enough steps to fit, few enough for a laptop's CPU server.
@@ -109,6 +118,8 @@ class LoadedReplay:
     outcome: ReplayOutcome
     offered_rps: float  # inf for the burst
     steps: RebuiltSteps
+    # The front end's cost per streamed token the steps were rebuilt for (see rebuild_steps).
+    steps_streamed_token_s: float = 0.0
 
     @property
     def completed_rps(self) -> float:
@@ -302,23 +313,97 @@ def _held_out(
     isolated: Sequence[Observation],
     replays: Sequence[LoadedReplay],
     loaded_share: float,
+    *,
+    streaming: bool = False,
 ) -> list[dict[str, float | str]]:
     """Each replay left out in turn: fitted on the isolated points and the others (at
-    ``loaded_share``), its steps and its requests predicted."""
+    ``loaded_share``; with ``streaming``, the front end's cost per streamed token searched on
+    the others too), its steps and its requests predicted."""
     held_out: list[dict[str, float | str]] = []
     for replay in replays:
-        fitted, _ = _joint(isolated, [r for r in replays if r is not replay], loaded_share)
+        others = [r for r in replays if r is not replay]
+        if streaming:
+            fitted, _, cost = _fit_with_streaming(scenario, isolated, others, loaded_share)
+            replay = _at_streaming_cost(scenario, replay, cost)
+        else:
+            fitted, _ = _joint(isolated, others, loaded_share)
         ttft, e2e = _request_errors(scenario, replay, fitted)
         held_out.append(
             {
                 "workload": replay.name,
                 "loaded_share": loaded_share,
+                "per_streamed_token_s": fitted.per_streamed_token_s,
                 "step_relative_error_mean": _step_error(fitted, replay.steps),
                 "ttft_mean_error": ttft,
                 "e2e_mean_error": e2e,
             }
         )
     return held_out
+
+
+def streaming_bound(replays: Sequence[LoadedReplay]) -> float:
+    """The most host time per streamed token the replays allow: no replay's front end can
+    have spent longer on its tokens than the replay took (first send to last token). 0 when
+    no replay completed a token."""
+    bounds = []
+    for replay in replays:
+        records = usable_records(replay.outcome.records)
+        tokens = float(records["output_tokens"].sum()) if not records.empty else 0.0
+        if tokens <= 0:
+            continue
+        span = float(records["finish_s"].max() - replay.outcome.records["arrival_s"].min())
+        if span > 0:
+            bounds.append(span / tokens)
+    return min(bounds) if bounds else 0.0
+
+
+def _replays_score(
+    scenario: Scenario, replays: Sequence[LoadedReplay], coefficients: CalibratedCoefficients
+) -> float:
+    """Mean |error| of the replays' simulated TTFT and E2E means (NaN counts as 100%)."""
+    errors = [
+        abs(error) if math.isfinite(error) else 1.0
+        for replay in replays
+        for error in _request_errors(scenario, replay, coefficients)
+    ]
+    return float(np.mean(errors)) if errors else math.inf
+
+
+def streaming_cost(
+    scenario: Scenario, replays: Sequence[LoadedReplay], coefficients: CalibratedCoefficients
+) -> tuple[float, float]:
+    """The front end's host time per streamed token under which the simulator, stepping with
+    ``coefficients``, predicts the replays' TTFT and E2E means best, and that score (see
+    :func:`_replays_score`): a grid from 0 to :func:`streaming_bound`, refined by a bounded
+    scalar search between the best point's neighbours; 0 unless that beats no cost by
+    :data:`STREAMING_MIN_GAIN`. The engine's steps do not show it (it
+    delays tokens after their step); only a loaded replay's latencies do, when the front end
+    streams near its limit."""
+    from scipy.optimize import minimize_scalar
+
+    def score(cost: float) -> float:
+        fitted = dataclasses.replace(coefficients, per_streamed_token_s=cost)
+        return _replays_score(scenario, replays, fitted)
+
+    bound = streaming_bound(replays)
+    if bound <= 0:
+        return 0.0, score(0.0)
+    grid = np.linspace(0.0, bound, STREAMING_GRID)
+    scores = [score(float(cost)) for cost in grid]
+    best = int(np.argmin(scores))
+    low, high = grid[max(best - 1, 0)], grid[min(best + 1, len(grid) - 1)]
+    refined = minimize_scalar(
+        score,
+        bounds=(float(low), float(high)),
+        method="bounded",
+        options={"maxiter": STREAMING_REFINE_STEPS, "xatol": bound * 1e-3},
+    )
+    cost, found = float(grid[best]), float(scores[best])
+    if float(refined.fun) < found:
+        cost, found = float(refined.x), float(refined.fun)
+    if scores[0] <= found + STREAMING_MIN_GAIN:
+        return 0.0, scores[0]  # no cost predicts them about as well: what it gains is noise
+    return cost, found
 
 
 def _held_out_score(held_out: Sequence[dict[str, float | str]]) -> float:
@@ -366,6 +451,93 @@ def _step_error(coefficients: CalibratedCoefficients, steps: RebuiltSteps) -> fl
     return float(np.mean(np.abs(predicted - measured) / measured))
 
 
+#: Rounds of (fit the steps, search the streaming cost, rebuild the steps at that cost).
+STREAMING_ROUNDS = 2
+
+
+def _at_streaming_cost(scenario: Scenario, replay: LoadedReplay, cost: float) -> LoadedReplay:
+    """``replay`` with its steps rebuilt for a front end that streams ``cost`` per token."""
+    if cost == replay.steps_streamed_token_s:
+        return replay
+    outcome = replay.outcome
+    steps = rebuild_steps(
+        outcome.records,
+        outcome.token_times,
+        max_num_batched_tokens=scenario.engine.max_num_batched_tokens,
+        gap_s=replay.steps.gap_s,
+        streamed_token_s=cost,
+    )
+    return dataclasses.replace(replay, steps=steps, steps_streamed_token_s=cost)
+
+
+def _fit_with_streaming(
+    scenario: Scenario,
+    isolated: Sequence[Observation],
+    replays: Sequence[LoadedReplay],
+    loaded_share: float,
+) -> tuple[CalibratedCoefficients, FitReport, float]:
+    """The joint step fit with the front end's cost per streamed token: fit the steps, search
+    the cost on the replays' latencies, rebuild their steps without the time their tokens spent
+    in the front end (:func:`calibration.steps.rebuild_steps`), and again
+    (:data:`STREAMING_ROUNDS` rounds). Returns the coefficients (the cost among them), the step
+    fit's report and the cost."""
+    coefficients, report = _joint(isolated, replays, loaded_share)
+    cost = 0.0
+    for round_ in range(STREAMING_ROUNDS):
+        cost = streaming_cost(scenario, replays, coefficients)[0]
+        if round_ == STREAMING_ROUNDS - 1 or cost == 0.0:
+            break
+        replays = [_at_streaming_cost(scenario, replay, cost) for replay in replays]
+        coefficients, report = _joint(isolated, replays, loaded_share)
+    return dataclasses.replace(coefficients, per_streamed_token_s=cost), report, cost
+
+
+def _with_streaming(
+    scenario: Scenario,
+    isolated: Sequence[Observation],
+    replays: Sequence[LoadedReplay],
+    usable: Sequence[LoadedReplay],
+    loaded_share: float,
+    plain: tuple[CalibratedCoefficients, FitReport],
+    plain_held_out: list[dict[str, float | str]],
+    notes: list[str],
+) -> tuple[CalibratedCoefficients, FitReport, list[LoadedReplay], list[dict[str, float | str]]]:
+    """The fit with the front end's cost per streamed token (:func:`_fit_with_streaming`) if
+    it predicts the replays better, else ``plain`` (the fit without it) and its held-out
+    errors; ``notes`` say which and why. With several replays "better" is judged on each one
+    left out in turn, with the cost found on the others: a cost that only fits the replays it
+    was found on is not kept."""
+    coefficients, report = plain
+    plain_score = _replays_score(scenario, usable, coefficients)
+    streamed, streamed_report, cost = _fit_with_streaming(scenario, isolated, usable, loaded_share)
+    if cost == 0.0:
+        notes.append(
+            "front end: no cost per streamed token (none predicts the replays' TTFT and E2E "
+            f"means better than {STREAMING_MIN_GAIN:.0%} over none, {plain_score:.1%})"
+        )
+        return coefficients, report, list(replays), plain_held_out
+    streamed_score = _replays_score(scenario, usable, streamed)
+    found = (
+        f"{cost * 1e6:.1f} us of host time per streamed token predicts the replays' TTFT and "
+        f"E2E means to {streamed_score:.1%} mean |error| ({plain_score:.1%} without it; searched "
+        f"up to {streaming_bound(usable) * 1e6:.1f} us, the replays' own time per token)"
+    )
+    held_out: list[dict[str, float | str]] = []
+    if len(usable) > 1:
+        held_out = _held_out(scenario, isolated, usable, loaded_share, streaming=True)
+        left_out, without = _held_out_score(held_out), _held_out_score(plain_held_out)
+        if not left_out < without - STREAMING_MIN_GAIN:
+            notes.append(
+                f"front end: not kept: {found}, but left out in turn each replay was predicted "
+                f"to {left_out:.1%} with the cost found on the others and {without:.1%} without"
+            )
+            return coefficients, report, list(replays), plain_held_out
+        found += f"; left out in turn {left_out:.1%}, {without:.1%} without"
+    notes.append(f"front end: {found}")
+    rebuilt = [_at_streaming_cost(scenario, replay, cost) for replay in replays]
+    return streamed, streamed_report, rebuilt, held_out
+
+
 def fit_loaded(
     scenario: Scenario,
     isolated: Sequence[Observation],
@@ -402,6 +574,17 @@ def fit_loaded(
             "only, nothing to choose the share by"
         )
     coefficients, report = _joint(isolated, usable, loaded_share)
+    if usable:
+        coefficients, report, replays, held_out = _with_streaming(
+            scenario,
+            isolated,
+            replays,
+            usable,
+            loaded_share,
+            (coefficients, report),
+            held_out,
+            notes,
+        )
     report = report.model_copy(update={"notes": [*report.notes, *notes]})
     summaries = []
     for replay in replays:

@@ -103,12 +103,20 @@ def rebuild_steps(
     *,
     max_num_batched_tokens: int,
     gap_s: float | None = None,
+    streamed_token_s: float = 0.0,
 ) -> RebuiltSteps:
     """The engine steps between bursts of streamed tokens (see the module docstring).
 
     ``records`` give each request's prompt and cached tokens (servesim records); ``token_times``
     every streamed token as ``(request_id, token_index, time_s)``. Tokens less than ``gap_s``
     apart belong to one step (default: :func:`step_gap_s` of the run's own gaps).
+
+    ``streamed_token_s``: the front end's host time per streamed token
+    (:meth:`sim.engine.replica.Replica.delivered_s`). A burst of ``n`` tokens whose last left at
+    ``d`` then ended its step at ``d - n * streamed_token_s`` if the front end was idle by then;
+    if that is not after the previous burst had left (plus ``gap_s``), the front end was still
+    busy and the step's end is unknown: the steps on either side of it are left out
+    ("front end busy").
     """
     rows = records.set_index("request_id")[["prompt_tokens", "cached_tokens"]]
     times = token_times.sort_values(["time_s", "request_id", "token_index"], kind="stable")
@@ -131,6 +139,7 @@ def rebuild_steps(
     # The burst each request's latest token came in (to tell a step that left no token).
     last_burst: dict[int, int] = {}
     previous_end = np.nan
+    previous_left = -np.inf  # when the previous burst's last token left the front end
     for burst, (start, end) in enumerate(zip(starts, ends, strict=True)):
         shape, reason = _shape(
             request[start:end],
@@ -142,8 +151,18 @@ def rebuild_steps(
             max_num_batched_tokens,
         )
         began = time[start]
+        if streamed_token_s:
+            # The step ended when the front end began streaming its tokens, known only if the
+            # front end had sent the previous burst's by then.
+            began = time[end - 1] - (end - start) * streamed_token_s
+            if not began > previous_left + gap_s:
+                began = np.nan
+                reason = reason or "front end busy"
+            previous_left = time[end - 1]
         if reason:
             result.skip(reason)
+        elif streamed_token_s and not np.isfinite(previous_end):
+            result.skip("front end busy")  # the step before ended while it was
         else:
             assert shape is not None
             result.observations.append(

@@ -51,9 +51,11 @@ def scenario(**workload: object) -> Scenario:
 
 
 class SimulatedServer:
-    """A 'server' that is the simulator with TRUTH's step costs; it remembers what it ran."""
+    """A 'server' that is the simulator with ``truth``'s costs (TRUTH's by default); it
+    remembers what it ran."""
 
-    def __init__(self) -> None:
+    def __init__(self, truth: CalibratedCoefficients = TRUTH) -> None:
+        self.truth = truth
         self.runs: list[tuple[list[Request], Path]] = []
         self.now = 0.0  # seconds the replays took, one after the other
 
@@ -61,7 +63,7 @@ class SimulatedServer:
         self.runs.append((requests, out_dir))
         output = scenario.output.model_copy(update={"record_token_times": True})
         traced = scenario.model_copy(update={"output": output})
-        result = build(traced, requests=requests, coefficients=TRUTH).run()
+        result = build(traced, requests=requests, coefficients=self.truth).run()
         assert result.token_times is not None
         self.now += float(result.records["finish_s"].max())
         result.write(out_dir)  # as the live runner does: records and token times
@@ -172,6 +174,30 @@ def test_loaded_steps_pull_a_wrong_isolated_fit_to_the_server(tmp_path: Path) ->
         < fit.coefficients.per_decode_seq_s
         <= TRUTH.per_decode_seq_s * 1.05
     )
+
+
+def test_the_front_ends_cost_per_streamed_token_is_found_in_the_replays(tmp_path: Path) -> None:
+    base = scenario()
+    # A front end that streams about a thousand tokens a second: near its limit under a burst
+    # of this server, and invisible in the isolated points (the steps are TRUTH's).
+    truth = dataclasses.replace(TRUTH, per_streamed_token_s=1e-3)
+    server = SimulatedServer(truth)
+    replays = run_loaded(base, TRUTH, server, tmp_path, budget_s=60, clock=lambda: server.now)
+    assert len(replays) == 3
+    fit = fit_loaded(base, isolated_points(TRUTH), TRUTH, replays)
+    assert fit.coefficients.per_streamed_token_s == pytest.approx(1e-3, rel=0.25)
+    assert any(note.startswith("front end: ") for note in fit.report.notes), fit.report.notes
+    # Left out in turn, each replay is predicted with the cost found on the other two.
+    for held in fit.report.held_out:
+        assert float(held["per_streamed_token_s"]) == pytest.approx(1e-3, rel=0.5)
+        assert abs(float(held["e2e_mean_error"])) < 0.1, fit.report.held_out
+    # Without a front-end cost in the server, the search finds (next to) none.
+    plain_server = SimulatedServer()
+    replays = run_loaded(
+        base, TRUTH, plain_server, tmp_path / "plain", budget_s=60, clock=lambda: plain_server.now
+    )
+    plain = fit_loaded(base, isolated_points(TRUTH), TRUTH, replays)
+    assert plain.coefficients.per_streamed_token_s == 0.0
 
 
 def test_a_budget_too_short_runs_no_replay_and_says_so(tmp_path: Path) -> None:
