@@ -30,28 +30,26 @@ def simulate(data: dict[str, Any]) -> SimResult:
     return build(parse_scenario(data)).run()
 
 
-def light() -> dict[str, Any]:
-    """One request at a time: nothing queues in the engine or the front end."""
+def constant_lengths(rate: float, prompt: int, output: int, count: int) -> dict[str, Any]:
+    """A Poisson workload of ``count`` requests of constant lengths."""
     return scenario_dict(
         workload={
-            "arrival": {"type": "poisson", "rate": 0.2},
-            "prompt_tokens": {"type": "constant", "value": 256},
-            "output_tokens": {"type": "constant", "value": 32},
-            "num_requests": 20,
+            "arrival": {"type": "poisson", "rate": rate},
+            "prompt_tokens": {"type": "constant", "value": prompt},
+            "output_tokens": {"type": "constant", "value": output},
+            "num_requests": count,
         }
     )
+
+
+def light() -> dict[str, Any]:
+    """One request at a time: nothing queues in the engine or the front end."""
+    return constant_lengths(0.2, 256, 32, 20)
 
 
 def heavy() -> dict[str, Any]:
     """Many requests decoding at once: thousands of tokens a second on one replica."""
-    return scenario_dict(
-        workload={
-            "arrival": {"type": "poisson", "rate": 40},
-            "prompt_tokens": {"type": "constant", "value": 128},
-            "output_tokens": {"type": "constant", "value": 128},
-            "num_requests": 400,
-        }
-    )
+    return constant_lengths(40, 128, 128, 400)
 
 
 def test_zero_cost_is_the_model_without_a_front_end_thread() -> None:

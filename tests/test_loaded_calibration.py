@@ -208,16 +208,21 @@ def test_a_budget_too_short_runs_no_replay_and_says_so(tmp_path: Path) -> None:
     assert "raise --budget" in notes[0]
 
 
+def faster(truth: CalibratedCoefficients, factor: float) -> CalibratedCoefficients:
+    """An isolated fit ``factor`` times too fast on every step cost."""
+    return dataclasses.replace(
+        truth,
+        step_overhead_s=truth.step_overhead_s / factor,
+        per_prefill_token_s=truth.per_prefill_token_s / factor,
+        per_decode_seq_s=truth.per_decode_seq_s / factor,
+        per_context_token_s=truth.per_context_token_s / factor,
+    )
+
+
 def test_a_burst_that_overran_shortens_the_replays_after_it(tmp_path: Path) -> None:
     # The isolated fit is 3× too fast: the burst, sized for 30% of the budget at the capacity
     # it predicts, takes most of it on this server. The Poisson replays share what is left.
-    fast = dataclasses.replace(
-        TRUTH,
-        step_overhead_s=TRUTH.step_overhead_s / 3,
-        per_prefill_token_s=TRUTH.per_prefill_token_s / 3,
-        per_decode_seq_s=TRUTH.per_decode_seq_s / 3,
-        per_context_token_s=TRUTH.per_context_token_s / 3,
-    )
+    fast = faster(TRUTH, 3)
     server = SimulatedServer()
     notes: list[str] = []
     replays = run_loaded(
@@ -240,13 +245,7 @@ def test_a_burst_that_overran_shortens_the_replays_after_it(tmp_path: Path) -> N
 
 def test_a_replay_that_would_overrun_the_budget_is_not_run(tmp_path: Path) -> None:
     # 10× too fast: the burst takes the whole budget and more; nothing fits after it.
-    fast = dataclasses.replace(
-        TRUTH,
-        step_overhead_s=TRUTH.step_overhead_s / 10,
-        per_prefill_token_s=TRUTH.per_prefill_token_s / 10,
-        per_decode_seq_s=TRUTH.per_decode_seq_s / 10,
-        per_context_token_s=TRUTH.per_context_token_s / 10,
-    )
+    fast = faster(TRUTH, 10)
     server = SimulatedServer()
     notes: list[str] = []
     replays = run_loaded(
