@@ -543,9 +543,17 @@ def fit_loaded(
     isolated: Sequence[Observation],
     isolated_coefficients: CalibratedCoefficients,
     replays: Sequence[LoadedReplay],
+    *,
+    search_streaming: bool = False,
 ) -> LoadedFit:
     """The joint fit of the isolated points and the replays' steps, each replay scored with it
     and with the isolated fit, and each left out in turn (the report's ``held_out``).
+
+    ``search_streaming`` also searches the front end's cost per streamed token
+    (:func:`_with_streaming`). Off by default: on the ~85M CPU model (2026-12-06) it found 5 ms a
+    token, passed leave-one-replay-out (2.7% against 7.7%), and made the held-out fidelity
+    shapes worse (Poisson 90% TTFT +34%): it absorbs the engine's slower steps under load,
+    which it is not.
 
     How much the loaded steps weigh against the isolated points is chosen by that
     leave-one-out: of :data:`LOADED_SHARES`, the share under which the left-out replays' TTFT
@@ -574,7 +582,7 @@ def fit_loaded(
             "only, nothing to choose the share by"
         )
     coefficients, report = _joint(isolated, usable, loaded_share)
-    if usable:
+    if usable and search_streaming:
         coefficients, report, replays, held_out = _with_streaming(
             scenario,
             isolated,

@@ -184,7 +184,7 @@ def test_the_front_ends_cost_per_streamed_token_is_found_in_the_replays(tmp_path
     server = SimulatedServer(truth)
     replays = run_loaded(base, TRUTH, server, tmp_path, budget_s=60, clock=lambda: server.now)
     assert len(replays) == 3
-    fit = fit_loaded(base, isolated_points(TRUTH), TRUTH, replays)
+    fit = fit_loaded(base, isolated_points(TRUTH), TRUTH, replays, search_streaming=True)
     assert fit.coefficients.per_streamed_token_s == pytest.approx(1e-3, rel=0.25)
     assert any(note.startswith("front end: ") for note in fit.report.notes), fit.report.notes
     # Left out in turn, each replay is predicted with the cost found on the other two.
@@ -196,7 +196,7 @@ def test_the_front_ends_cost_per_streamed_token_is_found_in_the_replays(tmp_path
     replays = run_loaded(
         base, TRUTH, plain_server, tmp_path / "plain", budget_s=60, clock=lambda: plain_server.now
     )
-    plain = fit_loaded(base, isolated_points(TRUTH), TRUTH, replays)
+    plain = fit_loaded(base, isolated_points(TRUTH), TRUTH, replays, search_streaming=True)
     assert plain.coefficients.per_streamed_token_s == 0.0
 
 
