@@ -361,12 +361,9 @@ def _replays_score(
     scenario: Scenario, replays: Sequence[LoadedReplay], coefficients: CalibratedCoefficients
 ) -> float:
     """Mean |error| of the replays' simulated TTFT and E2E means (NaN counts as 100%)."""
-    errors = [
-        abs(error) if math.isfinite(error) else 1.0
-        for replay in replays
-        for error in _request_errors(scenario, replay, coefficients)
-    ]
-    return float(np.mean(errors)) if errors else math.inf
+    return _mean_abs_error(
+        [error for replay in replays for error in _request_errors(scenario, replay, coefficients)]
+    )
 
 
 def streaming_cost(
@@ -408,12 +405,16 @@ def streaming_cost(
 
 def _held_out_score(held_out: Sequence[dict[str, float | str]]) -> float:
     """Mean |error| of the left-out replays' TTFT and E2E means (NaN counts as 100%)."""
-    errors = [
-        abs(float(entry[key])) if math.isfinite(float(entry[key])) else 1.0
-        for entry in held_out
-        for key in ("ttft_mean_error", "e2e_mean_error")
-    ]
-    return float(np.mean(errors)) if errors else math.inf
+    return _mean_abs_error(
+        [float(entry[key]) for entry in held_out for key in ("ttft_mean_error", "e2e_mean_error")]
+    )
+
+
+def _mean_abs_error(errors: Sequence[float]) -> float:
+    """Mean |error|, a NaN counting as 100% (a replay the simulator did not complete); inf
+    when there is none."""
+    scored = [abs(error) if math.isfinite(error) else 1.0 for error in errors]
+    return float(np.mean(scored)) if scored else math.inf
 
 
 def _request_errors(
