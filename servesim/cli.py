@@ -140,6 +140,11 @@ def _print_fleet(fleet: dict[str, Any]) -> None:
         )
 
 
+#: ``servesim run --records auto`` streams records above this many requests (a kept record
+#: and its share of the table cost about 1 KB).
+STREAM_ABOVE = 1_000_000
+
+
 @app.command()
 def run(
     scenario_path: Annotated[
@@ -173,10 +178,22 @@ def run(
             help="also run this many seeds (from the scenario's) and report mean ± 95 % CI",
         ),
     ] = 1,
+    records_mode: Annotated[
+        str,
+        typer.Option(
+            "--records",
+            help="keep: hold every record and build one table at the end; stream: write them "
+            "to --out in chunks as requests end (memory flat in the number of requests; "
+            "percentiles exact up to 1M values, a t-digest past that); auto: stream above "
+            f"{STREAM_ABOVE:,} requests",
+        ),
+    ] = "auto",
 ) -> None:
     """Simulate a scenario and print TTFT/TPOT/E2E percentiles, throughput, goodput, hit rate."""
     if fmt not in ("parquet", "csv", "vllm-bench"):
         fail(f"--format: must be parquet, csv or vllm-bench, got {fmt!r}")
+    if records_mode not in ("auto", "keep", "stream"):
+        fail(f"--records: must be auto, keep or stream, got {records_mode!r}")
     chosen = _percentiles_or_exit(percentiles)
     if num_replications < 1:
         fail(f"--replications: must be >= 1, got {num_replications}")
@@ -194,25 +211,39 @@ def run(
             simulation = build(scenario)
         except ValueError as exc:
             fail(str(exc))
-    with progress("simulating", len(simulation.requests), disable=as_json) as update:
-        result = simulation.run(progress=update)
-    if out is not None:
-        file_format: Literal["parquet", "csv"] = "csv" if fmt == "csv" else "parquet"
-
-        written = result.write(out, file_format)
-        from sim.report.html import run_report
-
-        written.append(
-            run_report(
-                Path(out) / "report.html",
-                scenario.name,
-                result.records,
-                result.timeseries,
-                result.summary,
-                scenario.slo.model_dump(),
-            )
+    num_requests = len(simulation.requests)
+    stream = records_mode == "stream" or (records_mode == "auto" and num_requests > STREAM_ABOVE)
+    if stream and fmt == "vllm-bench":
+        fail(
+            "--format vllm-bench: needs every record in memory, and this run streams them "
+            f"({num_requests:,} requests); add --records keep, or use --format parquet"
         )
-        if scenario.output.prometheus:
+    file_format: Literal["parquet", "csv"] = "csv" if fmt == "csv" else "parquet"
+    with progress("simulating", num_requests, disable=as_json) as update:
+        result = simulation.run(progress=update, stream=stream, out_dir=out, fmt=file_format)
+    if out is not None:
+        written = result.write(out, file_format)
+        if result.records_path is not None:
+            written.insert(0, result.records_path)
+            stderr.print(
+                f"records streamed ({num_requests:,} requests): no report.html or metrics.om, "
+                "which need every record in memory (--records keep makes them)",
+                highlight=False,
+            )
+        else:
+            from sim.report.html import run_report
+
+            written.append(
+                run_report(
+                    Path(out) / "report.html",
+                    scenario.name,
+                    result.records,
+                    result.timeseries,
+                    result.summary,
+                    scenario.slo.model_dump(),
+                )
+            )
+        if scenario.output.prometheus and result.records_path is None:
             from sim.report.prometheus import openmetrics_backfill, write_backfill
 
             text = openmetrics_backfill(

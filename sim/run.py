@@ -9,17 +9,19 @@ replay sends.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from sim.build.fleet import build_simulation
 from sim.build.seeds import scenario_seeds
-from sim.build.workload import build_requests, scenario_requests
+from sim.build.workload import request_source, scenario_requests
 from sim.engine.coefficients import CalibratedCoefficients
 from sim.engine.request import Request
 from sim.report.outputs import write_outputs
 from sim.report.summary import with_defaults
 from sim.scenario import Scenario, ScenarioError, parse_scenario
 from sim.simulation import SimResult, Simulation
+from sim.workload.generate import SyntheticRequests
 
 __all__ = [
     "SimResult",
@@ -35,7 +37,7 @@ __all__ = [
 def build(
     scenario: Scenario,
     *,
-    requests: list[Request] | None = None,
+    requests: Sequence[Request] | None = None,
     coefficients: CalibratedCoefficients | None = None,
 ) -> Simulation:
     """Everything a scenario describes, wired together. Raises ValueError on impossible setups,
@@ -46,8 +48,11 @@ def build(
     """
     workload_seed, latency_seed, router_seed = scenario_seeds(scenario)
     if requests is None:
-        requests = build_requests(scenario.workload, workload_seed)
-        if scenario.engine.scheduling_policy != "priority" and any(r.priority for r in requests):
+        requests = request_source(scenario.workload, workload_seed)
+        prioritised = not isinstance(requests, SyntheticRequests) and any(
+            r.priority for r in requests
+        )
+        if scenario.engine.scheduling_policy != "priority" and prioritised:
             raise ValueError(
                 "engine.scheduling_policy: the trace sets request priorities; set it to "
                 "priority (vLLM refuses a priority under fcfs)"

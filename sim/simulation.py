@@ -10,6 +10,7 @@ release requests, sample the fleet and stop an overloaded run — and turns what
 from __future__ import annotations
 
 import gc
+import itertools
 import time
 import warnings
 from collections import deque
@@ -23,42 +24,63 @@ import pandas as pd
 import simpy
 
 from sim.engine.latency import CalibratedModel, IterationTimeModel
-from sim.engine.request import Record, Request, RequestStatus, later_turns
+from sim.engine.request import (
+    Record,
+    Request,
+    RequestStatus,
+    later_turns,
+    shared_first_sources,
+)
 from sim.engine.scheduler import Scheduler
 from sim.fleet.autoscaler import Autoscaler, AutoscalerConfig
 from sim.fleet.disagg import DisaggConfig, DisaggregatedFleet
 from sim.fleet.pool import EngineFactory, Fleet, HardwareOf
 from sim.fleet.router import Router
 from sim.fleet.timeseries import TIMESERIES_COLUMNS
+from sim.report import sketch
 from sim.report.cost import cost_summary
 from sim.report.fleet import fleet_summary
 from sim.report.outputs import write_outputs
+from sim.report.record_sink import KeptRecords, StreamedRecords
+from sim.report.sketch import Values
 from sim.report.stability import stability
-from sim.report.summary import (
-    PERCENTILES,
-    SLO,
-    PrefixCacheCounts,
-    records_frame,
-    summarize,
-    token_times_frame,
-)
+from sim.report.summary import PERCENTILES, SLO, PrefixCacheCounts, RecordStats
+from sim.workload.generate import SyntheticRequests
 
 #: The most time-series rows a run samples over its arrivals (the interval grows to fit).
 MAX_SAMPLES = 200_000
 
 
+class RecordsStreamedError(RuntimeError):
+    """The records of a streamed run were written out in chunks, not kept."""
+
+
 @dataclass
 class SimResult:
-    """What a run produced."""
+    """What a run produced. A streamed run (``Simulation.run(stream=True)``) keeps no records
+    table: they are in ``records_path`` (None if they went nowhere) and :attr:`records`
+    raises."""
 
-    records: pd.DataFrame
+    records_table: pd.DataFrame | None
     timeseries: pd.DataFrame
     summary: dict[str, Any]
     token_times: pd.DataFrame | None = None
+    records_path: Path | None = None
+
+    @property
+    def records(self) -> pd.DataFrame:
+        """The per-request records, by request id."""
+        if self.records_table is None:
+            where = f"were written to {self.records_path}" if self.records_path else "were not kept"
+            raise RecordsStreamedError(f"this run streamed its records: they {where}")
+        return self.records_table
 
     def write(self, out_dir: str | Path, fmt: Literal["parquet", "csv"] = "parquet") -> list[Path]:
-        """Write records, time series (Parquet or CSV) and ``summary.json``; return the paths."""
-        tables = {"records": self.records, "timeseries": self.timeseries}
+        """Write records, time series (Parquet or CSV) and ``summary.json``; return the paths.
+        A streamed run's records are already written: only the others are."""
+        tables = {"timeseries": self.timeseries}
+        if self.records_table is not None:
+            tables = {"records": self.records_table, **tables}
         if self.token_times is not None:
             tables["token_times"] = self.token_times
         return write_outputs(out_dir, tables, {"summary": self.summary}, fmt)
@@ -78,7 +100,7 @@ class Simulation:
 
     def __init__(
         self,
-        requests: list[Request],
+        requests: Sequence[Request],
         scheduler: Scheduler,
         latency_model: IterationTimeModel,
         *,
@@ -104,7 +126,12 @@ class Simulation:
         hour); requests not finished then end ``cancelled``."""
         if num_replicas > 1 and make_engine is None:
             raise ValueError("num_replicas > 1 needs make_engine to build the other replicas")
-        self.requests = sorted(requests, key=lambda r: r.request_id)
+        # Synthetic requests stay as columns, in id order; others are sorted by id.
+        self.requests: Sequence[Request] = (
+            requests
+            if isinstance(requests, SyntheticRequests)
+            else sorted(requests, key=lambda r: r.request_id)
+        )
         self.scheduler = scheduler
         self.latency_model = latency_model
         self.max_model_len = max_model_len
@@ -131,6 +158,7 @@ class Simulation:
             return make_engine(i)
 
         self.make_engine = engines
+        # After a run that kept them: every request's record, by request id.
         self.records: list[Record] = []
         self.fleet: Fleet | DisaggregatedFleet | None = None
         self._ran = False
@@ -160,42 +188,67 @@ class Simulation:
             pools = (
                 (fleet.prefill, fleet.decode) if isinstance(fleet, DisaggregatedFleet) else (fleet,)
             )
+            requests = self.requests
+            shared = (
+                requests.shared_first_sources()
+                if isinstance(requests, SyntheticRequests)
+                else shared_first_sources(requests)
+            )
             for pool in pools:
-                pool.set_shared_sources(self.requests)
+                pool.set_shared_sources(shared)
         return fleet
 
-    def run(self, progress: Callable[[int, int], None] | None = None) -> SimResult:
-        """Simulate until every request has a status. A Simulation runs once."""
+    def run(
+        self,
+        progress: Callable[[int, int], None] | None = None,
+        *,
+        stream: bool = False,
+        out_dir: str | Path | None = None,
+        fmt: Literal["parquet", "csv"] = "parquet",
+    ) -> SimResult:
+        """Simulate until every request has a status. A Simulation runs once.
+
+        With ``stream``, records are not kept: they go to ``out_dir``'s ``records.<fmt>`` in
+        chunks as requests end (nowhere without ``out_dir``), and the summary's percentiles
+        come from them (exact up to a million values, a t-digest past that), so memory does
+        not grow with the number of requests (:mod:`sim.report.record_sink`)."""
         if self._ran:
             raise RuntimeError("a Simulation runs once; build() a new one to run again")
         self._ran = True
         started = time.perf_counter()
         state = _Run(self, progress)
-        self.records = state.records
         self.fleet = state.fleet
+        itl = Values(sketch.EXACT_LIMIT)
+        if stream:
+            state.finished = StreamedRecords(
+                self.slo, out_dir, fmt, on_chunk=lambda: _drain_itl(state.fleet.replicas, itl)
+            )
         state.execute()
         wall_s = time.perf_counter() - started
         if progress is not None:
-            progress(state.num_finished, len(state.records))
-        return self._result(state, wall_s)
+            progress(state.num_finished, state.num_requests)
+        return self._result(state, wall_s, itl)
 
-    def _result(self, state: _Run, wall_s: float) -> SimResult:
+    def _result(self, state: _Run, wall_s: float, itl: Values) -> SimResult:
         """Records, time series and summary of a finished run."""
         fleet, env = state.fleet, state.env
-        frame = records_frame(state.records)
         replicas = fleet.replicas
         totals = fleet.totals()
-        itl = np.concatenate(
-            [np.frombuffer(r.scheduler.itl_values, dtype=np.float64) for r in replicas]
-        )
-        itl_counts = np.concatenate(
-            [np.frombuffer(r.scheduler.itl_counts, dtype=np.int64) for r in replicas]
-        )
-        summary = summarize(
-            frame,
-            itl_s=itl,
-            itl_counts=itl_counts,
-            slo=self.slo,
+        frame = token_times = records_path = None
+        finished = state.finished
+        if isinstance(finished, StreamedRecords):
+            written = finished.close()
+            records_path = written[0] if written else None
+            stats = finished.stats
+        else:
+            frame, token_times = finished.tables()
+            self.records = finished.records
+            stats = RecordStats(self.slo, exact_limit=None)
+            stats.add(frame)
+            itl = Values(exact_limit=None)
+            _drain_itl(replicas, itl, clear=False)
+        summary = stats.summary(
+            itl=itl,
             prefix_cache=PrefixCacheCounts(
                 queries_tokens=totals.queries_tokens,
                 hits_tokens=totals.hits_tokens,
@@ -207,11 +260,11 @@ class Simulation:
             busy_s=totals.busy_s / len(replicas),
             wall_s=wall_s,
             simulated_s=float(env.now),
-            num_events=sum(r.num_steps for r in replicas) + len(state.records) + len(fleet.rows),
+            num_events=sum(r.num_steps for r in replicas) + state.num_requests + len(fleet.rows),
             percentiles=self.percentiles,
         )
         summary["sim"]["fast_forwarded_steps"] = sum(r.num_fast_forwarded_steps for r in replicas)
-        output_tokens = int(frame.loc[frame["status"] == "ok", "output_tokens"].sum())
+        output_tokens = stats.output_tokens
         summary["cost"] = cost_summary(replicas, float(env.now), output_tokens)
         gpu_s = summary["cost"]["gpu_hours"] * 3600
         # Per GPU-second of the fleet's lifetime (start-up included), as the cost bills it.
@@ -225,10 +278,28 @@ class Simulation:
         envelope = _envelope_section(replicas)
         if envelope is not None:
             summary["calibration_envelope"] = envelope
-        summary["stability"] = stability(frame, timeseries, state.stop_reason)
+        arrivals = (stats.num_arrivals, stats.first_arrival_s, stats.last_arrival_s)
+        summary["stability"] = stability(
+            arrivals, stats.mean_output_tokens, timeseries, state.stop_reason
+        )
         if not summary["stability"]["stable"]:
             summary["slo"]["met"] = False  # percentiles of a growing queue mean nothing
-        return SimResult(frame, timeseries, summary, token_times_frame(state.records))
+        return SimResult(frame, timeseries, summary, token_times, records_path)
+
+
+def _drain_itl(replicas: Sequence[Any], into: Values, *, clear: bool = True) -> None:
+    """Add the replicas' run-length encoded inter-token latencies to ``into``, and (``clear``)
+    empty them."""
+    for replica in replicas:
+        scheduler = replica.scheduler
+        if len(scheduler.itl_values):
+            into.add(
+                np.array(scheduler.itl_values, dtype=np.float64),
+                np.array(scheduler.itl_counts, dtype=np.int64),
+            )
+            if clear:
+                del scheduler.itl_values[:]
+                del scheduler.itl_counts[:]
 
 
 def _envelope_section(replicas: Sequence[Any]) -> dict[str, Any] | None:
@@ -269,16 +340,24 @@ class _Run:
         self.progress = progress
         self.env = env = simpy.Environment()
         requests = simulation.requests
-        self.records = [
-            Record(r.request_id, r.arrival_s, r.prompt_tokens, r.output_tokens, priority=r.priority)
-            for r in requests
-        ]
-        self.record_of = {r.request_id: rec for r, rec in zip(requests, self.records, strict=True)}
-        self.children = later_turns(requests)
-        self.roots = sorted((r for r in requests if r.parent_id < 0), key=lambda r: r.arrival_s)
+        self.num_requests = len(requests)
+        # A record is made when its request is sent; until it ends it is in flight.
+        self.finished: KeptRecords | StreamedRecords = KeptRecords()
+        self.in_flight: dict[int, Record] = {}
+        self.roots: Sequence[Request]
+        if isinstance(requests, SyntheticRequests):
+            self.children: dict[int, list[Request]] = {}
+            self.roots = requests  # every one a root, in arrival order
+            self.last_root_s = requests.last_arrival_s
+        else:
+            self.children = later_turns(requests)
+            self.roots = sorted((r for r in requests if r.parent_id < 0), key=lambda r: r.arrival_s)
+            self.last_root_s = max((r.arrival_s for r in self.roots), default=0.0)
+        self.next_root = 0  # roots before it have been sent (or wait for a client slot)
+        self.thinking: dict[int, Request] = {}  # later turns released, not yet sent
         self.all_done = env.event()
         self.num_finished = self.num_ok = 0
-        self.progress_every = max(1, len(self.records) // 200)
+        self.progress_every = max(1, self.num_requests // 200)
         self.frontend_s = simulation.frontend_overhead_s
         self.fleet = simulation.make_fleet(env, self.on_finish)
         self.scaler: Autoscaler | None = None
@@ -305,7 +384,8 @@ class _Run:
             delay = request.arrival_s + frontend - env.now
             if delay > 0:
                 yield env.timeout(delay)
-            record = self.record_of[request.request_id]
+            self.next_root += 1
+            record = self.record(request)
             if env.now - frontend < record.arrival_s:
                 # ``now + (t - now)`` can round one ulp below ``t``; a request is never
                 # scheduled before it arrived, so the record takes the clock's time.
@@ -319,6 +399,7 @@ class _Run:
             delay = request.arrival_s - env.now
             if delay > 0:
                 yield env.timeout(delay)
+            self.next_root += 1
             self.ready(request)
 
     def ready(self, request: Request) -> None:
@@ -326,14 +407,13 @@ class _Run:
         assert self.slots is not None
         if self.slots > 0:
             self.slots -= 1
-            self.env.process(self.send(request))
+            self.env.process(self.send(request, self.record(request)))
         else:
             self.held.append(request)
 
-    def send(self, request: Request) -> Generator[simpy.Event, Any, None]:
+    def send(self, request: Request, record: Record) -> Generator[simpy.Event, Any, None]:
         """Send a request that holds a slot: it arrives now, the engine sees it after the front
         end's delay."""
-        record = self.record_of[request.request_id]
         record.arrival_s = self.env.now
         if self.frontend_s:
             yield self.env.timeout(self.frontend_s)
@@ -346,7 +426,8 @@ class _Run:
         if self.simulation.client_think_s + lag_s:
             yield self.env.timeout(self.simulation.client_think_s + lag_s)
         if self.held:
-            self.env.process(self.send(self.held.popleft()))
+            request = self.held.popleft()
+            self.env.process(self.send(request, self.record(request)))
         else:
             self.slots += 1
 
@@ -355,17 +436,33 @@ class _Run:
         (``lag_s`` after the parent's last step)."""
         env = self.env
         yield env.timeout(request.think_time_s + lag_s)
+        del self.thinking[request.request_id]
         if self.slots is not None:
             self.ready(request)
             return
-        record = self.record_of[request.request_id]
+        record = self.record(request)
         record.arrival_s = env.now
         if self.frontend_s:
             yield env.timeout(self.frontend_s)
         self.fleet.submit(request, record)
 
+    def record(self, request: Request) -> Record:
+        """A new record for a request being sent (its arrival as the workload has it), in
+        flight until it ends."""
+        record = Record(
+            request.request_id,
+            request.arrival_s,
+            request.prompt_tokens,
+            request.output_tokens,
+            priority=request.priority,
+        )
+        self.in_flight[request.request_id] = record
+        return record
+
     def on_finish(self, record: Record) -> None:
         """Count a request that has its status; release its session's next turns."""
+        del self.in_flight[record.request_id]
+        self.finished.add(record)
         self.num_finished += 1
         self.num_ok += record.status == RequestStatus.OK
         if self.scaler is not None:
@@ -376,9 +473,10 @@ class _Run:
         lag_s = lag_s if lag_s > 0 else 0.0  # also NaN: a request that never ran
         if self.slots is not None:
             self.env.process(self.free_slot(lag_s))
-        for child in self.children.get(record.request_id, ()):
+        for child in self.children.pop(record.request_id, ()):
+            self.thinking[child.request_id] = child
             self.env.process(self.release(child, lag_s))
-        total = len(self.records)
+        total = self.num_requests
         if self.progress is not None and self.num_finished % self.progress_every == 0:
             self.progress(self.num_finished, total)
         if self.num_finished == total:
@@ -407,11 +505,6 @@ class _Run:
             return stretched
         return interval_s
 
-    @property
-    def last_root_s(self) -> float:
-        """When the last root request arrives (0 without requests)."""
-        return max((r.arrival_s for r in self.roots), default=0.0)
-
     def sampling(self, interval_s: float) -> Generator[simpy.Event, Any, None]:
         """Sample the fleet every ``interval_s``; stop the run if too many requests wait."""
         env, fleet, limit = self.env, self.fleet, self.simulation.max_waiting_requests
@@ -436,7 +529,7 @@ class _Run:
         interval_s = self.sample_interval_s()
         env, fleet = self.env, self.fleet
         fleet.sample(0.0, 0, 0)  # a run of no request too: its reports read the fleet at 0
-        if not self.records:
+        if not self.num_requests:
             return
         env.process(self.arrivals())
         env.process(self.sampling(interval_s))
@@ -456,12 +549,30 @@ class _Run:
         finally:
             gc.set_threshold(*threshold)
         if self.stop_reason:
-            for record in self.records:
-                if record.status is None:
-                    record.status = RequestStatus.CANCELLED
-                    record.error = f"not finished when the run stopped: {self.stop_reason}"
+            self.cancel_the_rest()
         if fleet.rows[-1].time_s < env.now:
             fleet.sample(env.now, self.num_finished, self.num_ok)  # the final partial interval
         # What released requests is done with: drop its indexes before the records become a
         # table (a big run's peak memory is there).
-        self.record_of, self.children, self.roots = {}, {}, []
+        self.children, self.roots = {}, []
+
+    def cancel_the_rest(self) -> None:
+        """A stopped run: every request without a status ends ``cancelled`` with the reason —
+        those in flight, and those never sent (roots not reached, requests waiting for a
+        client slot, later turns in their think time or whose parent never ended), which keep
+        the workload's arrival time."""
+        error = f"not finished when the run stopped: {self.stop_reason}"
+        roots = self.roots
+        unsent = itertools.chain(
+            self.held,
+            self.thinking.values(),
+            (r for turns in self.children.values() for r in turns),
+            (roots[i] for i in range(self.next_root, len(roots))),
+        )
+        for record in itertools.chain(
+            list(self.in_flight.values()), (self.record(r) for r in unsent)
+        ):
+            record.status = RequestStatus.CANCELLED
+            record.error = error
+            del self.in_flight[record.request_id]
+            self.finished.add(record)

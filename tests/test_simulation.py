@@ -119,7 +119,13 @@ def test_summary_has_every_documented_key() -> None:
         "preempted_hits_tokens",
     }
     assert {"preemptions", "kv_capacity_tokens", "requests", "sim"} <= set(summary)
-    assert set(summary["sim"]) == {"wall_s", "simulated_s", "events", "fast_forwarded_steps"}
+    assert set(summary["sim"]) == {
+        "wall_s",
+        "simulated_s",
+        "events",
+        "percentiles",
+        "fast_forwarded_steps",
+    }
     assert summary["requests"]["total"] == 50
     assert list(result.records.columns) == list(RECORD_COLUMNS)
     json.dumps(summary)  # serialisable as is

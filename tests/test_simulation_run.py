@@ -4,12 +4,12 @@ first stop reason wins, the deadline, the sampling interval's stretch, and cance
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import replace
 from typing import Any
 
 import pytest
 
-from sim.engine.request import RequestStatus
+from sim.engine.request import Record, RequestStatus
+from sim.report.record_sink import KeptRecords
 from sim.run import build
 from sim.scenario import parse_scenario
 from sim.simulation import MAX_SAMPLES, Simulation, _Run
@@ -26,13 +26,24 @@ def simulation(**workload: Any) -> Simulation:
     return build(parse_scenario(scenario_dict(workload={**base, **workload})))
 
 
+def kept(state: _Run) -> list[Record]:
+    """The records a run kept."""
+    assert isinstance(state.finished, KeptRecords)
+    return state.finished.records
+
+
 def test_a_run_makes_one_record_per_request_and_roots_in_arrival_order() -> None:
     sim = simulation()
     state = _Run(sim, progress=None)
-    assert [r.request_id for r in state.records] == [r.request_id for r in sim.requests]
     arrivals = [r.arrival_s for r in state.roots]
     assert arrivals == sorted(arrivals)
     assert state.last_root_s == arrivals[-1]
+    assert not state.in_flight  # a record is made when its request is sent
+    state.execute()
+    assert isinstance(state.finished, KeptRecords)
+    ids = sorted(r.request_id for r in state.finished.records)
+    assert ids == [r.request_id for r in sim.requests]
+    assert not state.in_flight
 
 
 def test_the_first_stop_reason_is_the_one_reported_and_the_rest_are_cancelled() -> None:
@@ -41,8 +52,10 @@ def test_the_first_stop_reason_is_the_one_reported_and_the_rest_are_cancelled() 
     state.stop("second")
     assert state.stopped.triggered and state.stop_reason == "first"
     state.execute()  # stopped before anything ran: every request is cancelled with the reason
-    assert {r.status for r in state.records} == {RequestStatus.CANCELLED}
-    assert all("first" in (r.error or "") for r in state.records)
+    records = kept(state)
+    assert len(records) == 20 and not state.in_flight
+    assert {r.status for r in records} == {RequestStatus.CANCELLED}
+    assert all("first" in (r.error or "") for r in records)
 
 
 def test_the_deadline_stops_a_run_at_its_time() -> None:
@@ -51,7 +64,8 @@ def test_the_deadline_stops_a_run_at_its_time() -> None:
     state.execute()
     assert state.env.now == pytest.approx(2.0)
     assert "simulated time reached 2 s" in state.stop_reason
-    statuses = {r.status for r in state.records}
+    assert len(kept(state)) == 200 and not state.in_flight
+    statuses = {r.status for r in kept(state)}
     assert RequestStatus.CANCELLED in statuses and RequestStatus.OK in statuses
 
 
@@ -59,7 +73,7 @@ def test_the_sampling_interval_stretches_to_at_most_max_samples() -> None:
     state = _Run(simulation(), progress=None)
     assert state.sample_interval_s() == state.simulation.sample_interval_s
     long_run = _Run(simulation(), progress=None)
-    long_run.roots[-1] = replace(long_run.roots[-1], arrival_s=MAX_SAMPLES * 10.0)
+    long_run.last_root_s = MAX_SAMPLES * 10.0
     with pytest.warns(UserWarning, match="output.sample_interval_s"):
         assert long_run.sample_interval_s() == pytest.approx(10.0)
 

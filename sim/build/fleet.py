@@ -4,6 +4,8 @@ disaggregated prefill and decode pool."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 
 from sim.build.engines import make_engines, pool_scenario
@@ -60,7 +62,7 @@ def autoscaler_config(scenario: Scenario, plan: MemoryPlan) -> AutoscalerConfig 
 
 def build_simulation(
     scenario: Scenario,
-    requests: list[Request],
+    requests: Sequence[Request],
     slo: SLO,
     latency_seed: np.random.SeedSequence,
     router_seed: np.random.SeedSequence,
@@ -96,7 +98,7 @@ def build_simulation(
 
 def _build_pools(
     scenario: Scenario,
-    requests: list[Request],
+    requests: Sequence[Request],
     slo: SLO,
     latency_seed: np.random.SeedSequence,
     router_seed: np.random.SeedSequence,
@@ -136,7 +138,7 @@ def _build_pools(
 
 def _build_disaggregated(
     scenario: Scenario,
-    requests: list[Request],
+    requests: Sequence[Request],
     slo: SLO,
     latency_seed: np.random.SeedSequence,
     router_seed: np.random.SeedSequence,

@@ -4,6 +4,8 @@ and prefix structure it names, or the trace it replays."""
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
+from typing import NoReturn
 
 import numpy as np
 
@@ -29,6 +31,7 @@ from sim.workload.generate import (
     content_salt,
     generate_requests,
     requests_from_trace,
+    synthetic_requests,
     with_priorities,
 )
 from sim.workload.traces import TraceFormatError, read_trace
@@ -113,12 +116,7 @@ def build_requests(workload: WorkloadSpec, seed_sequence: np.random.SeedSequence
     without any (no arrival within ``duration_s``) is refused, as an empty trace is."""
     requests = _unprioritised_requests(workload, seed_sequence)
     if not requests:
-        # Only a time horizon can leave none: num_requests >= 1, and a trace holds a request.
-        assert workload.duration_s is not None
-        raise ValueError(
-            f"workload.duration_s: no request arrives within {workload.duration_s:g} s; "
-            "lengthen duration_s or raise the arrival rate"
-        )
+        _no_request(workload)
     if workload.priority is None:
         return requests
     classes = workload.priority.classes
@@ -130,6 +128,39 @@ def build_requests(workload: WorkloadSpec, seed_sequence: np.random.SeedSequence
     priorities = tuple(c.priority for c in classes)
     shares = tuple(c.share for c in classes)
     return with_priorities(requests, priorities, shares, seed_sequence)
+
+
+def request_source(
+    workload: WorkloadSpec, seed_sequence: np.random.SeedSequence
+) -> Sequence[Request]:
+    """:func:`build_requests` for a simulation: the same requests, but a synthetic workload
+    without sessions or priority classes stays as columns (:class:`SyntheticRequests`), its
+    requests built as the run reaches them."""
+    prefix = make_prefix(workload)
+    if workload.trace is not None or workload.priority is not None or isinstance(prefix, MultiTurn):
+        return build_requests(workload, seed_sequence)
+    assert workload.arrival and workload.prompt_tokens and workload.output_tokens
+    requests = synthetic_requests(
+        seed_sequence,
+        make_arrivals(workload.arrival),
+        _lengths_of("workload.prompt_tokens", workload.prompt_tokens),
+        _lengths_of("workload.output_tokens", workload.output_tokens),
+        prefix,
+        num_requests=workload.num_requests,
+        duration_s=workload.duration_s,
+    )
+    if not len(requests):
+        _no_request(workload)
+    return requests
+
+
+def _no_request(workload: WorkloadSpec) -> NoReturn:
+    # Only a time horizon can leave none: num_requests >= 1, and a trace holds a request.
+    assert workload.duration_s is not None
+    raise ValueError(
+        f"workload.duration_s: no request arrives within {workload.duration_s:g} s; "
+        "lengthen duration_s or raise the arrival rate"
+    )
 
 
 def _unprioritised_requests(

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import hashlib
 import math
-from collections.abc import Sequence
+from collections import Counter
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from enum import IntEnum, StrEnum
 
@@ -106,6 +107,13 @@ def block_keys(
         parent = hash((parent, *pieces))
         keys.append(parent)
     return keys
+
+
+def shared_first_sources(requests: Iterable[Request]) -> frozenset[int]:
+    """The streams more than one request's prompt starts with: only such requests can share
+    KV blocks with another."""
+    counts = Counter(r.segments[0][0] for r in requests if r.segments)
+    return frozenset(source for source, n in counts.items() if n > 1)
 
 
 def later_turns(requests: Sequence[Request]) -> dict[int, list[Request]]:

@@ -10,7 +10,6 @@ what an autoscaler does.
 from __future__ import annotations
 
 import math
-from collections import Counter
 from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -223,10 +222,10 @@ class Fleet:
             not request.segments or request.segments[0][0] not in self.shared_sources
         )
 
-    def set_shared_sources(self, requests: Sequence[Request]) -> None:
-        """Mark which requests can share blocks: those whose first stream starts another one."""
-        counts = Counter(r.segments[0][0] for r in requests if r.segments)
-        self.shared_sources = frozenset(source for source, n in counts.items() if n > 1)
+    def set_shared_sources(self, sources: frozenset[int]) -> None:
+        """Mark which requests can share blocks: those whose first stream is in ``sources``
+        (:func:`~sim.engine.request.shared_first_sources`)."""
+        self.shared_sources = sources
 
     def replica(self, replica_id: int) -> FleetReplica:
         return self.replicas[replica_id - self.id_offset]

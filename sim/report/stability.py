@@ -11,8 +11,14 @@ import numpy as np
 import pandas as pd
 
 
-def stability(frame: pd.DataFrame, timeseries: pd.DataFrame, stopped: str = "") -> dict[str, Any]:
-    """Was the load sustainable? A run is unstable when it was stopped by a bound
+def stability(
+    arrivals: tuple[int, float, float],
+    mean_output_tokens: float,
+    timeseries: pd.DataFrame,
+    stopped: str = "",
+) -> dict[str, Any]:
+    """Was the load sustainable, given the records' ``arrivals`` (how many have a time, the
+    first and the last) and mean output length? A run is unstable when it was stopped by a bound
     (``stopped`` says which) or when its waiting queue grew through the second half of the
     arrivals — by at least 20 requests and half its mean there. Then the percentiles depend on
     how long the run was, not on the deployment.
@@ -22,8 +28,7 @@ def stability(frame: pd.DataFrame, timeseries: pd.DataFrame, stopped: str = "") 
     the final queue) and the capacity (output tokens per second since then over the mean
     output length: requests per second).
     """
-    arrivals = frame["arrival_s"].to_numpy(dtype=np.float64)
-    arrivals = arrivals[np.isfinite(arrivals)]
+    num_arrivals, start, end = arrivals
     result: dict[str, Any] = {
         "stable": True,
         "arrival_rate_per_s": None,
@@ -32,12 +37,11 @@ def stability(frame: pd.DataFrame, timeseries: pd.DataFrame, stopped: str = "") 
         "stopped": stopped or None,
         "message": "",
     }
-    if arrivals.size < 2:
+    if num_arrivals < 2:
         result["stable"] = not stopped
         return result
-    start, end = float(arrivals.min()), float(arrivals.max())
     span = end - start
-    rate = (arrivals.size - 1) / span if span > 0 else math.inf
+    rate = (num_arrivals - 1) / span if span > 0 else math.inf
     result["arrival_rate_per_s"] = rate
     times = timeseries["time_s"].to_numpy(dtype=np.float64)
     waiting = timeseries["num_requests_waiting"].to_numpy(dtype=np.float64)
@@ -62,8 +66,7 @@ def stability(frame: pd.DataFrame, timeseries: pd.DataFrame, stopped: str = "") 
         # Output tokens per second while saturated, over the workload's mean output: requests
         # per second (a count of finished requests would miss long ones still decoding).
         tokens_per_s = float(output_rate[first + 1 : last + 1].mean())
-        mean_output = float(frame["output_tokens"].mean())
-        capacity = tokens_per_s / mean_output if mean_output > 0 else None
+        capacity = tokens_per_s / mean_output_tokens if mean_output_tokens > 0 else None
     result["diverging_since_s"] = since
     result["capacity_per_s"] = capacity
     capacity_text = "?" if capacity is None else f"{capacity:.3g}"

@@ -17,6 +17,7 @@ import numpy as np
 import pandas as pd
 
 from sim.engine.request import RECORD_COLUMNS, Record, RequestStatus
+from sim.report.sketch import Values
 
 PERCENTILES = (50, 90, 95, 99)
 
@@ -207,86 +208,229 @@ def summarize(
     num_events: int,
     percentiles: Sequence[float] = PERCENTILES,
 ) -> dict[str, Any]:
-    """The summary dictionary (also ``summary.json`` and ``servesim run --json``), with each
-    latency at ``percentiles``.
+    """The summary dictionary (also ``summary.json`` and ``servesim run --json``) of a table of
+    records, with each latency at ``percentiles``, exact (:class:`RecordStats` of one chunk)."""
+    stats = RecordStats(slo, exact_limit=None)
+    stats.add(frame)
+    itl = Values(exact_limit=None)
+    itl.add(itl_s, itl_counts)
+    return stats.summary(
+        itl=itl,
+        prefix_cache=prefix_cache,
+        num_preemptions=num_preemptions,
+        kv_capacity_tokens=kv_capacity_tokens,
+        busy_s=busy_s,
+        wall_s=wall_s,
+        simulated_s=simulated_s,
+        num_events=num_events,
+        percentiles=percentiles,
+    )
+
+
+_LATENCIES = ("ttft_s", "tpot_s", "e2e_s", "queue_s")
+
+
+class _ClassStats:
+    """One priority class: its requests, completed ones, latencies and SLO attainment."""
+
+    def __init__(self, exact_limit: int | None) -> None:
+        self.requests = self.ok = self.met = 0
+        self.latencies = {name: Values(exact_limit) for name in ("ttft_s", "tpot_s", "e2e_s")}
+
+
+class RecordStats:
+    """What the summary reads from records, gathered from tables of records added one chunk
+    at a time (a run too big to hold its records streams them out in chunks).
 
     The SLO is judged over *every* request: a rejected or failed request counts as one that
     missed both targets, so a run that rejects half its traffic cannot meet a p90 SLO.
+    Percentiles are exact while each distribution holds at most ``exact_limit`` values (None:
+    always), from a t-digest past that (:mod:`sim.report.sketch`); ``summary()`` says which
+    (``sim.percentiles``).
     """
-    is_ok = (frame["status"] == RequestStatus.OK.value).to_numpy()
-    # The completed requests' columns that the summary reads (not a copy of the whole frame,
-    # whose text columns dominate a big run's memory).
-    ok = {
-        name: frame[name].to_numpy(dtype=np.float64)[is_ok]
-        for name in ("ttft_s", "tpot_s", "e2e_s", "queue_s", "output_tokens", "prompt_tokens")
-    }
-    if len(frame):
-        start = float(frame["arrival_s"].min())
-        end = float(np.nanmax(np.r_[frame["finish_s"].to_numpy(dtype=np.float64), start]))
-    else:
-        start = end = 0.0
-    span = end - start
-    per_s = (lambda x: x / span) if span > 0 else (lambda x: math.nan)
-    output_tokens = int(ok["output_tokens"].sum())
-    prompt_tokens = int(ok["prompt_tokens"].sum())
-    num_ok = int(is_ok.sum())
-    met = slo_met(frame, slo)
-    ttft_pct = _percentile_all(frame["ttft_s"].to_numpy(dtype=np.float64), is_ok, slo.percentile)
-    tpot_pct = _percentile_all(frame["tpot_s"].to_numpy(dtype=np.float64), is_ok, slo.percentile)
-    e2e_pct = _percentile_all(frame["e2e_s"].to_numpy(dtype=np.float64), is_ok, slo.percentile)
-    e2e_met = slo.e2e_s is None or e2e_pct <= slo.e2e_s
-    counts = frame["status"].value_counts()
-    summary = {
-        "ttft_s": distribution(ok["ttft_s"], percentiles=percentiles),
-        "tpot_s": distribution(ok["tpot_s"], percentiles=percentiles),
-        "itl_s": distribution(itl_s, itl_counts, percentiles),
-        "e2e_s": distribution(ok["e2e_s"], percentiles=percentiles),
-        "queue_s": distribution(ok["queue_s"], percentiles=percentiles),
-        "throughput": {
-            "requests_per_s": per_s(num_ok),
-            "output_tokens_per_s": per_s(output_tokens),
-            "total_tokens_per_s": per_s(output_tokens + prompt_tokens),
-            # The interactivity axis: each request's decode speed (1 / TPOT), averaged.
-            "output_tokens_per_s_per_user": _per_user(ok["tpot_s"]),
-        },
-        "goodput": {
-            "requests_per_s": per_s(int(met.sum())),
-            "slo_attainment": float(met.mean()) if len(met) else None,
-        },
-        "slo": {
-            "percentile": slo.percentile,
-            "ttft_target_s": slo.ttft_s,
-            "tpot_target_s": slo.tpot_s,
-            "e2e_target_s": slo.e2e_s,
-            "ttft_at_percentile_s": _finite_or_none(ttft_pct),
-            "tpot_at_percentile_s": _finite_or_none(tpot_pct),
-            "e2e_at_percentile_s": _finite_or_none(e2e_pct),
-            "met": bool(
-                ttft_pct <= slo.ttft_s
-                and (math.isnan(tpot_pct) or tpot_pct <= slo.tpot_s)
-                and e2e_met
+
+    def __init__(self, slo: SLO, exact_limit: int | None) -> None:
+        self.slo = slo
+        self.exact_limit = exact_limit
+        self.latencies = {name: Values(exact_limit) for name in _LATENCIES}
+        self.statuses: dict[str, int] = {}
+        self.total = self.num_ok = self.met = 0
+        self.output_tokens = self.prompt_tokens = 0  # of completed requests
+        self.all_output_tokens = 0  # of every request (the stability's mean output)
+        self.rate_sum, self.rate_count = 0.0, 0  # 1 / TPOT of completed requests
+        self.first_arrival_s, self.last_arrival_s, self.num_arrivals = math.inf, -math.inf, 0
+        self.last_finish_s = -math.inf
+        self.classes: dict[int, _ClassStats] = {}
+
+    def add(self, frame: pd.DataFrame) -> None:
+        """Fold a table of records (:data:`RECORD_COLUMNS`) into the statistics."""
+        if not len(frame):
+            return
+        is_ok = (frame["status"] == RequestStatus.OK.value).to_numpy()
+        for name, values in self.latencies.items():
+            values.add(frame[name].to_numpy(dtype=np.float64)[is_ok])
+        tpot = frame["tpot_s"].to_numpy(dtype=np.float64)[is_ok]
+        rates = 1.0 / tpot[np.isfinite(tpot) & (tpot > 0)]
+        self.rate_sum += float(rates.sum())
+        self.rate_count += rates.size
+        for status, count in frame["status"].value_counts().items():
+            self.statuses[str(status)] = self.statuses.get(str(status), 0) + int(count)
+        self.total += len(frame)
+        self.num_ok += int(is_ok.sum())
+        output = frame["output_tokens"].to_numpy(dtype=np.int64)
+        self.output_tokens += int(output[is_ok].sum())
+        self.all_output_tokens += int(output.sum())
+        self.prompt_tokens += int(frame["prompt_tokens"].to_numpy(dtype=np.int64)[is_ok].sum())
+        met = slo_met(frame, self.slo)
+        self.met += int(met.sum())
+        arrivals = frame["arrival_s"].to_numpy(dtype=np.float64)
+        arrivals = arrivals[np.isfinite(arrivals)]
+        if arrivals.size:
+            self.num_arrivals += arrivals.size
+            self.first_arrival_s = min(self.first_arrival_s, float(arrivals.min()))
+            self.last_arrival_s = max(self.last_arrival_s, float(arrivals.max()))
+        finish = frame["finish_s"].to_numpy(dtype=np.float64)
+        finish = finish[~np.isnan(finish)]
+        if finish.size:
+            self.last_finish_s = max(self.last_finish_s, float(finish.max()))
+        if "priority" not in frame:
+            return
+        priorities = frame["priority"].to_numpy(dtype=np.int64)
+        for priority in np.unique(priorities):
+            rows = priorities == priority
+            stats = self.classes.setdefault(int(priority), _ClassStats(self.exact_limit))
+            ok_rows = rows & is_ok
+            stats.requests += int(rows.sum())
+            stats.ok += int(ok_rows.sum())
+            stats.met += int(met[rows].sum())
+            for name, values in stats.latencies.items():
+                values.add(frame[name].to_numpy(dtype=np.float64)[ok_rows])
+
+    @property
+    def exact(self) -> bool:
+        """Whether every percentile is exact (no distribution became a sketch)."""
+        return all(v.exact for v in self.latencies.values())
+
+    @property
+    def mean_output_tokens(self) -> float:
+        """The mean output length over every request (NaN without any)."""
+        return self.all_output_tokens / self.total if self.total else math.nan
+
+    def summary(
+        self,
+        *,
+        itl: Values,
+        prefix_cache: PrefixCacheCounts,
+        num_preemptions: int,
+        kv_capacity_tokens: int,
+        busy_s: float | None,
+        wall_s: float,
+        simulated_s: float,
+        num_events: int,
+        percentiles: Sequence[float] = PERCENTILES,
+    ) -> dict[str, Any]:
+        """The summary dictionary, each latency at ``percentiles``."""
+        slo = self.slo
+        if self.total:
+            start = self.first_arrival_s
+            end = max(self.last_finish_s, start)
+        else:
+            start = end = 0.0
+        span = end - start
+        per_s = (lambda x: x / span) if span > 0 else (lambda x: math.nan)
+        bad = self.total - self.num_ok
+        ttft_pct = _percentile_all(self.latencies["ttft_s"], bad, slo.percentile)
+        tpot_pct = _percentile_all(self.latencies["tpot_s"], bad, slo.percentile)
+        e2e_pct = _percentile_all(self.latencies["e2e_s"], bad, slo.percentile)
+        e2e_met = slo.e2e_s is None or e2e_pct <= slo.e2e_s
+        tpot = self.latencies["tpot_s"]
+        per_user = (
+            _per_user(tpot.held()[0])
+            if tpot.exact
+            else (self.rate_sum / self.rate_count if self.rate_count else None)
+        )
+        summary: dict[str, Any] = {
+            **{
+                name: summary_of(self.latencies[name], percentiles) for name in ("ttft_s", "tpot_s")
+            },
+            "itl_s": summary_of(itl, percentiles),
+            **{
+                name: summary_of(self.latencies[name], percentiles) for name in ("e2e_s", "queue_s")
+            },
+            "throughput": {
+                "requests_per_s": per_s(self.num_ok),
+                "output_tokens_per_s": per_s(self.output_tokens),
+                "total_tokens_per_s": per_s(self.output_tokens + self.prompt_tokens),
+                # The interactivity axis: each request's decode speed (1 / TPOT), averaged.
+                "output_tokens_per_s_per_user": per_user,
+            },
+            "goodput": {
+                "requests_per_s": per_s(self.met),
+                "slo_attainment": self.met / self.total if self.total else None,
+            },
+            "slo": {
+                "percentile": slo.percentile,
+                "ttft_target_s": slo.ttft_s,
+                "tpot_target_s": slo.tpot_s,
+                "e2e_target_s": slo.e2e_s,
+                "ttft_at_percentile_s": _finite_or_none(ttft_pct),
+                "tpot_at_percentile_s": _finite_or_none(tpot_pct),
+                "e2e_at_percentile_s": _finite_or_none(e2e_pct),
+                "met": bool(
+                    ttft_pct <= slo.ttft_s
+                    and (math.isnan(tpot_pct) or tpot_pct <= slo.tpot_s)
+                    and e2e_met
+                ),
+            },
+            "prefix_cache": {
+                "hit_rate": prefix_cache.hit_rate,
+                "queries_tokens": prefix_cache.queries_tokens,
+                "hits_tokens": prefix_cache.hits_tokens,
+                "preempted_queries_tokens": prefix_cache.preempted_queries_tokens,
+                "preempted_hits_tokens": prefix_cache.preempted_hits_tokens,
+            },
+            "preemptions": num_preemptions,
+            "kv_capacity_tokens": kv_capacity_tokens,
+            "busy_fraction": (
+                busy_s / simulated_s if busy_s is not None and simulated_s > 0 else None
             ),
-        },
-        "prefix_cache": {
-            "hit_rate": prefix_cache.hit_rate,
-            "queries_tokens": prefix_cache.queries_tokens,
-            "hits_tokens": prefix_cache.hits_tokens,
-            "preempted_queries_tokens": prefix_cache.preempted_queries_tokens,
-            "preempted_hits_tokens": prefix_cache.preempted_hits_tokens,
-        },
-        "preemptions": num_preemptions,
-        "kv_capacity_tokens": kv_capacity_tokens,
-        "busy_fraction": busy_s / simulated_s if busy_s is not None and simulated_s > 0 else None,
-        "requests": {
-            "total": len(frame),
-            **{status.value: int(counts.get(status.value, 0)) for status in RequestStatus},
-        },
-        "sim": {"wall_s": wall_s, "simulated_s": simulated_s, "events": num_events},
+            "requests": {
+                "total": self.total,
+                **{status.value: self.statuses.get(status.value, 0) for status in RequestStatus},
+            },
+            "sim": {
+                "wall_s": wall_s,
+                "simulated_s": simulated_s,
+                "events": num_events,
+                "percentiles": "exact" if self.exact and itl.exact else "t-digest",
+            },
+        }
+        if len(self.classes) > 1:
+            summary["by_priority"] = {
+                str(priority): {
+                    "requests": stats.requests,
+                    "ok": stats.ok,
+                    **{name: summary_of(v) for name, v in stats.latencies.items()},
+                    "slo_attainment": stats.met / stats.requests if stats.requests else None,
+                }
+                for priority, stats in sorted(self.classes.items())
+            }
+        return summary
+
+
+def summary_of(
+    values: Values, percentiles: Sequence[float] = PERCENTILES
+) -> dict[str, float | None]:
+    """:func:`distribution` of gathered values: exact while they are held, else the t-digest's
+    percentiles and the exact mean."""
+    if values.exact:
+        held, counts = values.held()
+        return distribution(held, counts, percentiles)
+    quantiles = values.quantiles([p / 100.0 for p in percentiles])
+    return {
+        "mean": values.mean(),
+        **{percentile_key(p): q for p, q in zip(percentiles, quantiles, strict=True)},
     }
-    by_priority = priority_classes(frame, slo)
-    if by_priority:
-        summary["by_priority"] = by_priority
-    return summary
 
 
 def _per_user(tpot_s: np.ndarray) -> float | None:
@@ -294,37 +438,19 @@ def _per_user(tpot_s: np.ndarray) -> float | None:
     return float(rates.mean()) if rates.size else None
 
 
-def priority_classes(frame: pd.DataFrame, slo: SLO) -> dict[str, Any]:
-    """Per request priority (when there is more than one): how many, their latencies and SLO
-    attainment, keyed by the priority as a string (lower is served first)."""
-    if "priority" not in frame or frame["priority"].nunique() < 2:
-        return {}
-    classes: dict[str, Any] = {}
-    for priority, rows in frame.groupby("priority", sort=True):
-        ok = rows[rows["status"] == RequestStatus.OK.value]
-        met = slo_met(rows, slo)
-        classes[str(priority)] = {
-            "requests": len(rows),
-            "ok": len(ok),
-            "ttft_s": distribution(ok["ttft_s"].to_numpy()),
-            "tpot_s": distribution(ok["tpot_s"].to_numpy()),
-            "e2e_s": distribution(ok["e2e_s"].to_numpy()),
-            "slo_attainment": float(met.mean()) if len(met) else None,
-        }
-    return classes
-
-
-def _percentile_all(values: np.ndarray, is_ok: np.ndarray, percentile: float) -> float:
-    """Percentile over all requests, a request that did not complete counting as +inf.
-
-    NaN values of completed requests (TPOT of one-token outputs) are left out; NaN when no
-    value is left.
-    """
-    values = np.where(is_ok, values, np.inf)
-    values = values[~np.isnan(values)]
-    if values.size == 0:
-        return math.nan
-    return float(np.percentile(values, percentile, method="higher"))
+def _percentile_all(values: Values, num_bad: int, percentile: float) -> float:
+    """Percentile (numpy's ``higher`` method) over all requests: the completed ones' finite
+    ``values`` and ``num_bad`` requests that did not complete, counting as +inf. NaN when there
+    is no value at all."""
+    if values.exact:
+        held, _ = values.held()
+        everything = np.concatenate([held, np.full(num_bad, np.inf)])
+        if everything.size == 0:
+            return math.nan
+        return float(np.percentile(everything, percentile, method="higher"))
+    total = values.count + num_bad
+    rank = math.ceil((total - 1) * percentile / 100.0)
+    return math.inf if rank >= values.count else values.ranked(rank)
 
 
 def _finite_or_none(value: float) -> float | None:

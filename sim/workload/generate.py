@@ -19,7 +19,9 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from typing import overload
 
 import numpy as np
 
@@ -86,10 +88,10 @@ def generate_requests(
     With :class:`SharedPrefix`, ``prompt_tokens`` is the user part after the system prompt. With
     :class:`MultiTurn`, it is the new user text of each turn.
     """
-    arrival_seq, prompt_seq, output_seq, prefix_seq = seed_sequence.spawn(4)
-    salt = content_salt(seed_sequence)
-    arrival_rng = np.random.default_rng(arrival_seq)
     if isinstance(prefix, MultiTurn):
+        arrival_seq, prompt_seq, output_seq, prefix_seq = seed_sequence.spawn(4)
+        salt = content_salt(seed_sequence)
+        arrival_rng = np.random.default_rng(arrival_seq)
         return _multi_turn(
             arrival_rng,
             np.random.default_rng(prompt_seq),
@@ -103,40 +105,152 @@ def generate_requests(
             num_requests=num_requests,
             duration_s=duration_s,
         )
+    return list(
+        _synthetic(
+            seed_sequence,
+            arrivals,
+            prompt_tokens,
+            output_tokens,
+            prefix,
+            num_requests=num_requests,
+            duration_s=duration_s,
+        )
+    )
+
+
+def synthetic_requests(
+    seed_sequence: np.random.SeedSequence,
+    arrivals: ArrivalProcess,
+    prompt_tokens: LengthDistribution,
+    output_tokens: LengthDistribution,
+    prefix: SharedPrefix | None = None,
+    *,
+    num_requests: int | None = None,
+    duration_s: float | None = None,
+) -> SyntheticRequests:
+    """:func:`generate_requests` without sessions, as columns: the same requests, each built
+    when it is read."""
+    return _synthetic(
+        seed_sequence,
+        arrivals,
+        prompt_tokens,
+        output_tokens,
+        prefix,
+        num_requests=num_requests,
+        duration_s=duration_s,
+    )
+
+
+def _synthetic(
+    seed_sequence: np.random.SeedSequence,
+    arrivals: ArrivalProcess,
+    prompt_tokens: LengthDistribution,
+    output_tokens: LengthDistribution,
+    prefix: SharedPrefix | None,
+    *,
+    num_requests: int | None,
+    duration_s: float | None,
+) -> SyntheticRequests:
+    arrival_seq, prompt_seq, output_seq, prefix_seq = seed_sequence.spawn(4)
+    arrival_rng = np.random.default_rng(arrival_seq)
     times = arrivals.times(arrival_rng, num_requests=num_requests, duration_s=duration_s)
     n = len(times)
     prompts = prompt_tokens.sample(np.random.default_rng(prompt_seq), n)
     outputs = output_tokens.sample(np.random.default_rng(output_seq), n)
     groups = np.full(n, -1, dtype=np.int64)
-    if isinstance(prefix, SharedPrefix):
+    if prefix is not None:
         prefix_rng = np.random.default_rng(prefix_seq)
         in_group = prefix_rng.random(n) < prefix.share
         chosen = prefix_rng.integers(0, prefix.num_groups, n)
         groups = np.where(in_group, chosen, -1)
-    requests = []
-    for i in range(n):
-        user = int(prompts[i])
-        group = int(groups[i])
+    return SyntheticRequests(
+        times, prompts, outputs, groups, prefix, salt=content_salt(seed_sequence)
+    )
+
+
+class SyntheticRequests(Sequence[Request]):
+    """A synthetic workload without sessions held as columns (24 bytes a request), its
+    :class:`Request` objects built when read: a run of ten million requests holds the few in
+    flight, not all of them. Request ``i`` has id ``i``; arrivals are in id order."""
+
+    def __init__(
+        self,
+        times: FloatArray,
+        prompts: IntArray,
+        outputs: IntArray,
+        groups: IntArray,
+        prefix: SharedPrefix | None,
+        *,
+        salt: int,
+    ) -> None:
+        self.times = np.asarray(times, dtype=np.float64)
+        self.prompts = np.asarray(prompts, dtype=np.int32)
+        self.outputs = np.asarray(outputs, dtype=np.int32)
+        self.groups = np.asarray(groups, dtype=np.int32)
+        self.prefix = prefix
+        self.salt = salt
+        assert self.times.size < 2 or bool(np.all(self.times[1:] >= self.times[:-1]))
+
+    def __len__(self) -> int:
+        return int(self.times.size)
+
+    @overload
+    def __getitem__(self, index: int) -> Request: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[Request]: ...
+
+    def __getitem__(self, index: int | slice) -> Request | list[Request]:
+        if isinstance(index, slice):
+            return [self._request(i) for i in range(*index.indices(len(self)))]
+        if index < 0:
+            index += len(self)
+        if not 0 <= index < len(self):
+            raise IndexError(index)
+        return self._request(index)
+
+    def __iter__(self) -> Iterator[Request]:
+        return map(self._request, range(len(self)))
+
+    def _request(self, i: int) -> Request:
+        salt, prefix = self.salt, self.prefix
+        user = int(self.prompts[i])
+        group = int(self.groups[i])
         segments: tuple[Segment, ...]
-        if group >= 0 and isinstance(prefix, SharedPrefix):
+        if group >= 0 and prefix is not None:
             system = (source_id(SourceNamespace.SYSTEM_PROMPT, salt, group), prefix.prefix_tokens)
             segments = (system, (_unique(salt, i, 0), user))
             total = prefix.prefix_tokens + user
         else:
             segments = ((_unique(salt, i, 0), user),)
             total = user
-        requests.append(
-            Request(
-                request_id=i,
-                arrival_s=float(times[i]),
-                prompt_tokens=total,
-                output_tokens=int(outputs[i]),
-                segments=segments,
-                output_source_id=_unique(salt, i, 1),
-                prefix_group=group,
-            )
+        return Request(
+            request_id=i,
+            arrival_s=float(self.times[i]),
+            prompt_tokens=total,
+            output_tokens=int(self.outputs[i]),
+            segments=segments,
+            output_source_id=_unique(salt, i, 1),
+            prefix_group=group,
         )
-    return requests
+
+    @property
+    def last_arrival_s(self) -> float:
+        """When the last request arrives (0 without requests)."""
+        return float(self.times[-1]) if self.times.size else 0.0
+
+    def shared_first_sources(self) -> frozenset[int]:
+        """The first streams more than one request starts with (:func:`shared_first_sources`):
+        the system prompts of groups with two requests or more; a request's own text is its
+        alone."""
+        if self.prefix is None:
+            return frozenset()
+        groups, counts = np.unique(self.groups[self.groups >= 0], return_counts=True)
+        return frozenset(
+            source_id(SourceNamespace.SYSTEM_PROMPT, self.salt, int(g))
+            for g, c in zip(groups, counts, strict=True)
+            if c > 1
+        )
 
 
 @dataclass
