@@ -19,6 +19,7 @@ from sim.console import fail, load_or_exit, milliseconds, progress, stderr, warn
 from sim.engine.latency import BatchShape, RooflineModel, prefill_chunk_pairs
 from sim.engine.memory import kv_dtype_for, plan_memory
 from sim.report.outputs import json_text
+from sim.report.record_sink import STREAM_ABOVE
 from sim.run import build
 from sim.scenario import (
     Scenario,
@@ -138,11 +139,6 @@ def _print_fleet(fleet: dict[str, Any]) -> None:
             f"{scaling['startup_s']:.0f} s): {events or 'no scale events'}",
             highlight=False,
         )
-
-
-#: ``servesim run --records auto`` streams records above this many requests (a kept record
-#: and its share of the table cost about 1 KB).
-STREAM_ABOVE = 1_000_000
 
 
 @app.command()

@@ -27,6 +27,14 @@ def sweep(
     ray: Annotated[
         str | None, typer.Option("--ray", help="run on a Ray cluster: ADDRESS, or 'local'")
     ] = None,
+    records: Annotated[
+        Path | None,
+        typer.Option(
+            "--records",
+            help="each worker streams its run's records to DIR/run-NNNN/records.parquet "
+            "(on a Ray cluster: a directory every node can write)",
+        ),
+    ] = None,
 ) -> None:
     """Run a grid of scenario overrides × seeds; one table, confidence intervals per point."""
     from sim.planning.sweep import confidence_intervals, load_sweep, run_sweep, write_table
@@ -43,6 +51,7 @@ def sweep(
                 executor="ray" if ray else "process",
                 ray_address=ray,
                 progress=update,
+                records_dir=records,
             )
         except ValueError as exc:
             fail(str(exc))

@@ -10,6 +10,7 @@ replay sends.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from sim.build.fleet import build_simulation
@@ -18,6 +19,7 @@ from sim.build.workload import request_source, scenario_requests
 from sim.engine.coefficients import CalibratedCoefficients
 from sim.engine.request import Request
 from sim.report.outputs import write_outputs
+from sim.report.record_sink import STREAM_ABOVE
 from sim.report.summary import with_defaults
 from sim.scenario import Scenario, ScenarioError, parse_scenario
 from sim.simulation import SimResult, Simulation
@@ -67,11 +69,19 @@ def build(
     return simulation
 
 
-def summary_or_error(data: dict[str, Any], source: str = "scenario") -> tuple[dict[str, Any], str]:
+def summary_or_error(
+    data: dict[str, Any], source: str = "scenario", records_dir: str | Path | None = None
+) -> tuple[dict[str, Any], str]:
     """Validate and simulate a scenario dict: ``(summary, "")``, or ``({}, why it cannot run)``
-    (its validation problems, or the impossible setup ``build`` reports)."""
+    (its validation problems, or the impossible setup ``build`` reports).
+
+    Only the summary is kept: with ``records_dir`` the records are streamed there
+    (``records.parquet``), and a run of more than :data:`STREAM_ABOVE` requests streams them
+    anyway (nowhere without ``records_dir``), so its memory stays flat."""
     try:
-        return build(parse_scenario(data, source)).run().summary, ""
+        simulation = build(parse_scenario(data, source))
+        stream = records_dir is not None or len(simulation.requests) > STREAM_ABOVE
+        return simulation.run(stream=stream, out_dir=records_dir).summary, ""
     except ScenarioError as exc:
         return {}, "; ".join(exc.problems)
     except ValueError as exc:

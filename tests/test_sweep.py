@@ -184,11 +184,30 @@ def test_the_plan_command(tmp_path: Path) -> None:
     assert "cannot run 1× l40s TP1 bf16: no price for L40S" in result.stdout
 
 
-def test_local_ray_gives_the_same_table(table: pd.DataFrame) -> None:
+def assert_each_run_streamed_its_records(with_records: pd.DataFrame, table: pd.DataFrame) -> None:
+    """The same table plus a ``records`` column naming each run's own file of 120 records."""
+    pd.testing.assert_frame_equal(with_records.drop(columns="records"), table)
+    paths = list(with_records["records"])
+    assert len(set(paths)) == len(paths)
+    for path in paths:
+        records = pd.read_parquet(path)
+        assert len(records) == 120 and records["request_id"].is_unique
+
+
+def test_each_worker_streams_its_runs_records(table: pd.DataFrame, tmp_path: Path) -> None:
+    sweep = parse_sweep({"base": base(), "grid": {"fleet.replicas": [1, 2]}, "seeds": [0, 1, 2]})
+    with_records = run_sweep(sweep, workers=2, records_dir=tmp_path)
+    assert_each_run_streamed_its_records(with_records, table)
+    assert with_records.loc[5, "records"] == str(tmp_path / "run-0005" / "records.parquet")
+    intervals = confidence_intervals(with_records)  # the paths are not a parameter
+    assert list(intervals["replications"]) == [3, 3]
+
+
+def test_local_ray_gives_the_same_table(table: pd.DataFrame, tmp_path: Path) -> None:
     pytest.importorskip("ray")
     sweep = parse_sweep({"base": base(), "grid": {"fleet.replicas": [1, 2]}, "seeds": [0, 1, 2]})
-    on_ray = run_sweep(sweep, executor="ray", ray_address="local")
-    pd.testing.assert_frame_equal(table, on_ray)
+    on_ray = run_sweep(sweep, executor="ray", ray_address="local", records_dir=tmp_path)
+    assert_each_run_streamed_its_records(on_ray, table)
 
 
 def plan_cli(*args: str) -> subprocess.CompletedProcess[str]:

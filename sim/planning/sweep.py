@@ -22,7 +22,7 @@ import copy
 import itertools
 import math
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -56,10 +56,12 @@ METRICS: dict[str, tuple[str, ...]] = {
 
 @dataclass(frozen=True)
 class Run:
-    """One point of the sweep: the overrides applied to the base and the seed."""
+    """One point of the sweep: the overrides applied to the base and the seed; with
+    ``records``, the directory its worker streams the run's records to."""
 
     overrides: tuple[tuple[str, Any], ...]
     seed: int
+    records: str | None = None
 
 
 @dataclass(frozen=True)
@@ -152,7 +154,9 @@ def run_one(base: dict[str, Any], run: Run) -> dict[str, Any]:
     run (a top-level function: it runs in worker processes)."""
     row: dict[str, Any] = dict(run.overrides)
     row["seed"] = run.seed
-    summary, row["error"] = summary_or_error(scenario_for(base, run))
+    summary, row["error"] = summary_or_error(scenario_for(base, run), records_dir=run.records)
+    if run.records is not None and not row["error"]:
+        row["records"] = str(Path(run.records) / "records.parquet")
     if row["error"]:
         return row
     for column, keys in METRICS.items():
@@ -170,9 +174,21 @@ def run_sweep(
     executor: str = "process",
     ray_address: str | None = None,
     progress: Callable[[int, int], None] | None = None,
+    records_dir: str | Path | None = None,
 ) -> pd.DataFrame:
     """Every run of the sweep, as one table in the sweep's order; ``progress(done, total)``
-    after each run."""
+    after each run.
+
+    With ``records_dir``, each worker streams its run's records to
+    ``records_dir/run-NNNN/records.parquet`` (NNNN: the run's place in the sweep; on a Ray
+    cluster, a directory every node can write), and the table's ``records`` column names it.
+    """
+    if records_dir is not None:
+        runs = tuple(
+            replace(run, records=str(Path(records_dir) / f"run-{i:04d}"))
+            for i, run in enumerate(sweep.runs)
+        )
+        sweep = replace(sweep, runs=runs)
     if executor == "ray":
         rows = _run_on_ray(sweep, ray_address, progress)
     else:
@@ -206,6 +222,8 @@ def _run_on_ray(
 
 def _table(rows: Sequence[dict[str, Any]], parameters: Iterable[str]) -> pd.DataFrame:
     columns = [*parameters, "seed", "error", *METRICS]
+    if any("records" in row for row in rows):
+        columns.append("records")
     frame = pd.DataFrame(list(rows))
     for column in columns:
         if column not in frame.columns:
@@ -216,7 +234,7 @@ def _table(rows: Sequence[dict[str, Any]], parameters: Iterable[str]) -> pd.Data
 def confidence_intervals(table: pd.DataFrame, level: float = 0.95) -> pd.DataFrame:
     """Per combination of overrides: the mean of every metric over its seeds, and the half-width
     of its Student-t ``level`` interval (NaN with one seed)."""
-    parameters = [c for c in table.columns if c not in ("seed", "error", *METRICS)]
+    parameters = [c for c in table.columns if c not in ("seed", "error", "records", *METRICS)]
     ok = table[table["error"] == ""]
     rows = []
     groups = ok.groupby(parameters, dropna=False, sort=False) if parameters else [((), ok)]

@@ -24,6 +24,9 @@ from sim.report.summary import SLO, RecordStats, records_frame, token_times_fram
 
 #: Records a stream gathers before it writes them and folds them into the statistics.
 CHUNK_RECORDS = 100_000
+#: Runs of more requests than this stream their records unless told otherwise (a kept record
+#: and its share of the table cost about 1 KB).
+STREAM_ABOVE = 1_000_000
 
 
 class KeptRecords:
