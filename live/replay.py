@@ -47,7 +47,7 @@ from live.records_file import (
     rewrite_records,
 )
 from live.tokens import PromptTokens
-from sim.engine.request import Record, Request, RequestStatus, later_turns
+from sim.engine.request import Record, Request, RequestStatus, later_turns, record_of
 
 
 class LoadGeneratorLagWarning(UserWarning):
@@ -213,13 +213,7 @@ class _Replay:
                 self._write(_record_from(request, result, self.t0, result.send_s - self.t0))
             raise
         except Exception as exc:  # a bug or a full disk must not hang the run: record it
-            record = Record(
-                request.request_id,
-                math.nan,
-                request.prompt_tokens,
-                request.output_tokens,
-                priority=request.priority,
-            )
+            record = record_of(request, math.nan)
             record.status = RequestStatus.ERROR
             record.error = f"unexpected {type(exc).__name__}: {exc}"
             if request.request_id not in self.records:
@@ -341,13 +335,7 @@ class _Replay:
         """Give every request that has no record one, with status cancelled."""
         for request in self.requests:
             if request.request_id not in self.records:
-                record = Record(
-                    request.request_id,
-                    request.arrival_s,
-                    request.prompt_tokens,
-                    request.output_tokens,
-                    priority=request.priority,
-                )
+                record = record_of(request)
                 record.status = RequestStatus.CANCELLED
                 record.error = f"not sent: {reason}"
                 self._write(record)

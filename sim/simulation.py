@@ -29,6 +29,7 @@ from sim.engine.request import (
     Request,
     RequestStatus,
     later_turns,
+    record_of,
     shared_first_sources,
 )
 from sim.engine.scheduler import Scheduler
@@ -44,7 +45,7 @@ from sim.report.outputs import write_outputs
 from sim.report.record_sink import KeptRecords, StreamedRecords
 from sim.report.sketch import Values
 from sim.report.stability import stability
-from sim.report.summary import PERCENTILES, SLO, PrefixCacheCounts, RecordStats
+from sim.report.summary import PERCENTILES, SLO, PrefixCacheCounts, RecordStats, RunFacts
 from sim.workload.generate import SyntheticRequests
 
 #: The most time-series rows a run samples over its arrivals (the interval grows to fit).
@@ -247,8 +248,7 @@ class Simulation:
             stats.add(frame)
             itl = Values(exact_limit=None)
             _drain_itl(replicas, itl, clear=False)
-        summary = stats.summary(
-            itl=itl,
+        facts = RunFacts(
             prefix_cache=PrefixCacheCounts(
                 queries_tokens=totals.queries_tokens,
                 hits_tokens=totals.hits_tokens,
@@ -261,8 +261,8 @@ class Simulation:
             wall_s=wall_s,
             simulated_s=float(env.now),
             num_events=sum(r.num_steps for r in replicas) + state.num_requests + len(fleet.rows),
-            percentiles=self.percentiles,
         )
+        summary = stats.summary(itl=itl, facts=facts, percentiles=self.percentiles)
         summary["sim"]["fast_forwarded_steps"] = sum(r.num_fast_forwarded_steps for r in replicas)
         output_tokens = stats.output_tokens
         summary["cost"] = cost_summary(replicas, float(env.now), output_tokens)
@@ -449,13 +449,7 @@ class _Run:
     def record(self, request: Request) -> Record:
         """A new record for a request being sent (its arrival as the workload has it), in
         flight until it ends."""
-        record = Record(
-            request.request_id,
-            request.arrival_s,
-            request.prompt_tokens,
-            request.output_tokens,
-            priority=request.priority,
-        )
+        record = record_of(request)
         self.in_flight[request.request_id] = record
         return record
 

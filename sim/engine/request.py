@@ -109,6 +109,18 @@ def block_keys(
     return keys
 
 
+def record_of(request: Request, arrival_s: float | None = None) -> Record:
+    """A fresh record of ``request``, with no status yet, arriving at ``arrival_s`` (default:
+    the request's own arrival time)."""
+    return Record(
+        request.request_id,
+        request.arrival_s if arrival_s is None else arrival_s,
+        request.prompt_tokens,
+        request.output_tokens,
+        priority=request.priority,
+    )
+
+
 def shared_first_sources(requests: Iterable[Request]) -> frozenset[int]:
     """The streams more than one request's prompt starts with: only such requests can share
     KV blocks with another."""

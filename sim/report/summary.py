@@ -50,6 +50,19 @@ class SLO:
     e2e_s: float | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class RunFacts:
+    """What a summary reports beside the records: the engine's counters and the run's clock."""
+
+    prefix_cache: PrefixCacheCounts
+    num_preemptions: int
+    kv_capacity_tokens: int
+    busy_s: float | None  # per replica; None where unknown (a live server)
+    wall_s: float
+    simulated_s: float
+    num_events: int
+
+
 def records_frame(records: Iterable[Record]) -> pd.DataFrame:
     """Records as a DataFrame with exactly :data:`RECORD_COLUMNS`, ordered by request id.
 
@@ -199,13 +212,7 @@ def summarize(
     itl_s: np.ndarray,
     itl_counts: np.ndarray | None = None,
     slo: SLO,
-    prefix_cache: PrefixCacheCounts,
-    num_preemptions: int,
-    kv_capacity_tokens: int,
-    busy_s: float | None,
-    wall_s: float,
-    simulated_s: float,
-    num_events: int,
+    facts: RunFacts,
     percentiles: Sequence[float] = PERCENTILES,
 ) -> dict[str, Any]:
     """The summary dictionary (also ``summary.json`` and ``servesim run --json``) of a table of
@@ -214,17 +221,7 @@ def summarize(
     stats.add(frame)
     itl = Values(exact_limit=None)
     itl.add(itl_s, itl_counts)
-    return stats.summary(
-        itl=itl,
-        prefix_cache=prefix_cache,
-        num_preemptions=num_preemptions,
-        kv_capacity_tokens=kv_capacity_tokens,
-        busy_s=busy_s,
-        wall_s=wall_s,
-        simulated_s=simulated_s,
-        num_events=num_events,
-        percentiles=percentiles,
-    )
+    return stats.summary(itl=itl, facts=facts, percentiles=percentiles)
 
 
 _LATENCIES = ("ttft_s", "tpot_s", "e2e_s", "queue_s")
@@ -320,17 +317,11 @@ class RecordStats:
         self,
         *,
         itl: Values,
-        prefix_cache: PrefixCacheCounts,
-        num_preemptions: int,
-        kv_capacity_tokens: int,
-        busy_s: float | None,
-        wall_s: float,
-        simulated_s: float,
-        num_events: int,
+        facts: RunFacts,
         percentiles: Sequence[float] = PERCENTILES,
     ) -> dict[str, Any]:
         """The summary dictionary, each latency at ``percentiles``."""
-        slo = self.slo
+        slo, prefix_cache, busy_s = self.slo, facts.prefix_cache, facts.busy_s
         if self.total:
             start = self.first_arrival_s
             end = max(self.last_finish_s, start)
@@ -389,19 +380,19 @@ class RecordStats:
                 "preempted_queries_tokens": prefix_cache.preempted_queries_tokens,
                 "preempted_hits_tokens": prefix_cache.preempted_hits_tokens,
             },
-            "preemptions": num_preemptions,
-            "kv_capacity_tokens": kv_capacity_tokens,
+            "preemptions": facts.num_preemptions,
+            "kv_capacity_tokens": facts.kv_capacity_tokens,
             "busy_fraction": (
-                busy_s / simulated_s if busy_s is not None and simulated_s > 0 else None
+                busy_s / facts.simulated_s if busy_s is not None and facts.simulated_s > 0 else None
             ),
             "requests": {
                 "total": self.total,
                 **{status.value: self.statuses.get(status.value, 0) for status in RequestStatus},
             },
             "sim": {
-                "wall_s": wall_s,
-                "simulated_s": simulated_s,
-                "events": num_events,
+                "wall_s": facts.wall_s,
+                "simulated_s": facts.simulated_s,
+                "events": facts.num_events,
                 "percentiles": "exact" if self.exact and itl.exact else "t-digest",
             },
         }

@@ -106,7 +106,7 @@ def generate_requests(
             duration_s=duration_s,
         )
     return list(
-        _synthetic(
+        synthetic_requests(
             seed_sequence,
             arrivals,
             prompt_tokens,
@@ -130,27 +130,6 @@ def synthetic_requests(
 ) -> SyntheticRequests:
     """:func:`generate_requests` without sessions, as columns: the same requests, each built
     when it is read."""
-    return _synthetic(
-        seed_sequence,
-        arrivals,
-        prompt_tokens,
-        output_tokens,
-        prefix,
-        num_requests=num_requests,
-        duration_s=duration_s,
-    )
-
-
-def _synthetic(
-    seed_sequence: np.random.SeedSequence,
-    arrivals: ArrivalProcess,
-    prompt_tokens: LengthDistribution,
-    output_tokens: LengthDistribution,
-    prefix: SharedPrefix | None,
-    *,
-    num_requests: int | None,
-    duration_s: float | None,
-) -> SyntheticRequests:
     arrival_seq, prompt_seq, output_seq, prefix_seq = seed_sequence.spawn(4)
     arrival_rng = np.random.default_rng(arrival_seq)
     times = arrivals.times(arrival_rng, num_requests=num_requests, duration_s=duration_s)
@@ -169,7 +148,7 @@ def _synthetic(
 
 
 class SyntheticRequests(Sequence[Request]):
-    """A synthetic workload without sessions held as columns (24 bytes a request), its
+    """A synthetic workload without sessions held as columns (20 bytes a request), its
     :class:`Request` objects built when read: a run of ten million requests holds the few in
     flight, not all of them. Request ``i`` has id ``i``; arrivals are in id order."""
 
