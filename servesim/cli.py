@@ -20,6 +20,7 @@ from sim.engine.latency import BatchShape, RooflineModel, prefill_chunk_pairs
 from sim.engine.memory import kv_dtype_for, plan_memory
 from sim.report.outputs import json_text
 from sim.report.record_sink import STREAM_ABOVE
+from sim.report.sketch import RANK_ERROR
 from sim.run import build
 from sim.scenario import (
     Scenario,
@@ -102,6 +103,8 @@ def _print_summary(scenario: Scenario, summary: dict[str, Any]) -> None:
     facts.add_row("requests", f"{requests['total']:,} ({statuses})")
     sim = summary["sim"]
     facts.add_row("simulated / wall", f"{sim['simulated_s']:,.1f} s / {sim['wall_s']:.2f} s")
+    if sim.get("percentiles") == "t-digest":
+        facts.add_row("percentiles", f"t-digest (rank error ≤ {RANK_ERROR:.1%})")
     stdout.print(facts)
     if "fleet" in summary:
         _print_fleet(summary["fleet"])

@@ -156,7 +156,9 @@ def test_synthetic_requests_are_built_when_read_and_equal_the_generated_ones() -
     assert isinstance(request_source(sessions.workload, scenario_seeds(sessions)[0]), list)
 
 
-def test_the_cli_streams_records_and_says_what_it_leaves_out(tmp_path: Path) -> None:
+def test_the_cli_streams_records_and_says_what_it_leaves_out(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     scenario = tmp_path / "s.yaml"
     scenario.write_text(
         "model: llama-3.1-8b\ngpu: h100-sxm\nworkload:\n  arrival: {type: poisson, rate: 5}\n"
@@ -170,6 +172,10 @@ def test_the_cli_streams_records_and_says_what_it_leaves_out(tmp_path: Path) -> 
     assert len(pd.read_parquet(out / "records.parquet")) == 30
     assert (out / "summary.json").exists() and not (out / "report.html").exists()
     assert "records streamed" in result.output
+    assert "t-digest" not in result.output  # 30 requests: exact percentiles
+    monkeypatch.setattr(sketch, "EXACT_LIMIT", 10)
+    sketched = runner.invoke(app, ["run", str(scenario), "--records", "stream"])
+    assert sketched.exit_code == 0 and "t-digest (rank error" in sketched.output
     bad = runner.invoke(app, ["run", str(scenario), "--records", "sometimes"])
     assert bad.exit_code == 2 and "--records" in bad.output
     refused = runner.invoke(
