@@ -25,9 +25,11 @@ import simpy
 
 from sim.engine.latency import CalibratedModel, IterationTimeModel
 from sim.engine.request import (
+    ALL_SHARED_FIRST,
     Record,
     Request,
     RequestStatus,
+    keyed_prefix_requests,
     later_turns,
     record_of,
     shared_first_sources,
@@ -190,13 +192,12 @@ class Simulation:
                 (fleet.prefill, fleet.decode) if isinstance(fleet, DisaggregatedFleet) else (fleet,)
             )
             requests = self.requests
-            shared = (
-                requests.shared_first_sources()
-                if isinstance(requests, SyntheticRequests)
-                else shared_first_sources(requests)
-            )
+            if isinstance(requests, SyntheticRequests):
+                shared, keyed = requests.shared_first_sources(), ALL_SHARED_FIRST
+            else:
+                shared, keyed = shared_first_sources(requests), keyed_prefix_requests(requests)
             for pool in pools:
-                pool.set_shared_sources(shared)
+                pool.set_shared_sources(shared, keyed)
         return fleet
 
     def run(

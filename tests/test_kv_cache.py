@@ -235,3 +235,57 @@ def test_never_used_blocks_cost_nothing_until_used() -> None:
     assert 5 in queue and 2 not in queue
     # Never-used blocks stay ahead of freed ones and runs.
     assert queue.popleft_many(2) == ([3, 4], 0)
+
+
+def test_a_keyed_prefix_then_blocks_by_count_frees_as_a_fully_keyed_request_would() -> None:
+    # Two requests share a 2-block system prompt, each with 3 more blocks of its own. One
+    # takes its own blocks by id (keys it alone could hit), the other by count after its
+    # keyed prefix (Sequence.keyed_blocks): the free queue ends up in the same order.
+    def run(by_count: bool) -> tuple[str, int]:
+        kv = KVCacheManager(12, BLOCK, enable_prefix_caching=True)
+        system = (99, 32)
+        for request_id in (1, 2):
+            segments = [system, (request_id, 48)]
+            keys = block_keys(segments, BLOCK, 80)
+            hit, tokens = kv.get_computed_blocks(keys, 80)
+            if by_count:
+                assert kv.allocate_slots(request_id, keys[:2], tokens, 32 - tokens, hit)
+                assert kv.allocate_slots(request_id, keys[:2], 32, 48, anonymous=True)
+                assert kv.num_blocks_of(request_id) == 5 and len(kv.blocks_of(request_id)) == 2
+            else:
+                assert kv.allocate_slots(request_id, keys, tokens, 80 - tokens, hit)
+        prompt = set(kv.blocks_of(1)[:2])
+        kv.check_invariants()
+        kv.free(1)
+        kv.free(2)
+        kv.check_invariants()
+        queue = kv.free_queue
+        runs = iter(queue.runs())
+        entries = queue.ids()
+        assert entries[:4] == [8, 9, 10, 11]  # never used: the head, in id order
+        # Then head to tail: P for a system-prompt block, o for one of a request's own.
+        order = "".join(
+            "o" * next(runs) if b < 0 else ("P" if b in prompt else "o") for b in entries[4:]
+        )
+        return order, kv.cached_prefix_blocks(block_keys([system], BLOCK, 32))
+
+    keyed, by_count = run(False), run(True)
+    assert keyed == by_count == ("ooooooPP", 2)  # own blocks first, the prompt kept longest
+
+
+def test_a_request_with_a_keyed_prefix_that_must_be_registered_gets_ids_after_its_prefix() -> None:
+    kv = KVCacheManager(8, BLOCK, enable_prefix_caching=True)
+    segments = [(99, 32), (7, 40)]
+    keys = block_keys(segments, BLOCK, 72)
+    assert kv.allocate_slots(7, keys[:2], 0, 32)
+    assert kv.allocate_slots(7, keys[:2], 32, 40, anonymous=True)
+    assert kv.num_blocks_of(7) == 5
+    prefix = kv.blocks_of(7)[:2]
+    kv.materialize(7)
+    assert kv.blocks_of(7)[:2] == prefix and len(kv.blocks_of(7)) == 5
+    kv.register_full_blocks(7, keys, 72)
+    kv.check_invariants()
+    kv.free(7)
+    hit, tokens = kv.get_computed_blocks(keys, 72)
+    assert tokens == 64 and hit[:2] == prefix  # all four full blocks, prefix first
+    kv.check_invariants()

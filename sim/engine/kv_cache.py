@@ -243,9 +243,7 @@ class KVCacheManager:
     def num_blocks_of(self, request_id: int) -> int:
         """How many blocks a request holds."""
         held = self._request_blocks.get(request_id)
-        if held is not None:
-            return len(held)
-        return self.anonymous_held.get(request_id, 0)
+        return (len(held) if held is not None else 0) + self.anonymous_held.get(request_id, 0)
 
     def blocks_needed(self, num_tokens: int) -> int:
         """Blocks needed to hold ``num_tokens`` tokens."""
@@ -320,7 +318,9 @@ class KVCacheManager:
         """
         if anonymous:
             total = num_computed_tokens + num_new_tokens
-            if total <= self.anonymous_held.get(request_id, 0) * self.block_size:
+            held_ids = self._request_blocks.get(request_id)
+            num_held = self.anonymous_held.get(request_id, 0) + (len(held_ids) if held_ids else 0)
+            if total <= num_held * self.block_size:
                 return True  # fits in the blocks it holds (most decode steps)
             return self._allocate_anonymous(request_id, total)
         total = num_computed_tokens + num_new_tokens
@@ -359,8 +359,10 @@ class KVCacheManager:
         return True
 
     def _allocate_anonymous(self, request_id: int, total: int) -> bool:
+        # A request with a keyed prefix (Sequence.keyed_blocks) holds those blocks by id.
         held = self.anonymous_held.get(request_id, 0)
-        num_new_blocks = -(-total // self.block_size) - held
+        held_ids = self._request_blocks.get(request_id)
+        num_new_blocks = -(-total // self.block_size) - held - (len(held_ids) if held_ids else 0)
         if num_new_blocks <= 0:
             return True
         if not self._take_anonymous(num_new_blocks):
@@ -376,7 +378,7 @@ class KVCacheManager:
             return False
         held = self.anonymous_held
         for request_id in request_ids:
-            held[request_id] += 1
+            held[request_id] = held.get(request_id, 0) + 1
         return True
 
     def _take_anonymous(self, count: int) -> bool:
@@ -398,23 +400,30 @@ class KVCacheManager:
         return block_ids
 
     def materialize(self, request_id: int) -> None:
-        """Give a request's anonymous blocks ids (so that they can be registered and hit)."""
+        """Give a request's anonymous blocks ids (so that they can be registered and hit),
+        after the blocks it holds by id (a keyed prefix) if any."""
         count = self.anonymous_held.pop(request_id, 0)
         if not count:
             return
         block_ids = self._take_spare_ids(count)
         for block_id in block_ids:
             self._ref_count[block_id] = 1
-        self._request_blocks[request_id] = block_ids
-        self._request_num_cached[request_id] = 0
+        held = self._request_blocks.get(request_id)
+        if held is None:
+            self._request_blocks[request_id] = block_ids
+            self._request_num_cached[request_id] = 0
+        else:
+            held.extend(block_ids)
 
     def free(self, request_id: int) -> None:
         """Release a request's blocks; those no longer referenced join the free queue tail-first."""
         anonymous = self.anonymous_held.pop(request_id, 0)
         if anonymous:
+            # The sequence's last blocks: they join the queue before its blocks with ids.
             self.free_queue.append_anonymous(anonymous)
+        held = self._request_blocks.pop(request_id, None)
+        if held is None:
             return
-        held = self._request_blocks.pop(request_id, [])
         self._request_num_cached.pop(request_id, None)
         ref_count = self._ref_count
         released = []

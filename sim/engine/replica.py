@@ -130,12 +130,15 @@ class Replica:
         remote_transfer_s: float = 0.0,
         on_kv_admitted: Callable[[Sequence, float], None] | None = None,
         exclusive: bool = False,
+        keyed_blocks: int = 0,
     ) -> None:
         """Accept a request now (or reject it) and wake the engine if it is idle.
 
         ``keys`` are the prompt's chained block keys as the fleet decided them (empty when the
         request caches nothing); ``exclusive``: no other request's sequence starts like this
-        one's (see :attr:`sim.engine.sequence.Sequence.exclusive`). A caller without a fleet
+        one's (see :attr:`sim.engine.sequence.Sequence.exclusive`); ``keyed_blocks``: only its
+        first blocks can be shared, and ``keys`` stop there (``Sequence.keyed_blocks``). A
+        caller without a fleet
         leaves ``keys`` None and the replica computes them from its own cache's settings.
         ``hold_kv`` and ``remote_transfer_s`` are for disaggregated serving (see
         :class:`sim.engine.sequence.Sequence`): a remote sequence arrives with its first token.
@@ -155,7 +158,9 @@ class Replica:
                 keys = block_keys(
                     sequence_segments(request), self.kv.block_size, request.total_tokens
                 )
-        seq = Sequence(request, record, keys, hold_kv=hold_kv, exclusive=exclusive)
+        seq = Sequence(
+            request, record, keys, hold_kv=hold_kv, exclusive=exclusive, keyed_blocks=keyed_blocks
+        )
         if remote_transfer_s > 0:
             seq.num_generated = 1
             seq.remote_transfer_s = remote_transfer_s

@@ -128,6 +128,30 @@ def shared_first_sources(requests: Iterable[Request]) -> frozenset[int]:
     return frozenset(source for source, n in counts.items() if n > 1)
 
 
+#: For :meth:`sim.fleet.pool.Fleet.set_shared_sources`: every request whose first stream is
+#: shared can share nothing after its first segment (a synthetic workload's system prompts).
+ALL_SHARED_FIRST: frozenset[int] = frozenset({-1})
+
+
+def keyed_prefix_requests(requests: Sequence[Request]) -> frozenset[int]:
+    """The requests whose first segment other requests start with too, and whose blocks
+    after it no other request can share: every later stream of their sequence (prompt and
+    output) is in no other request's sequence. A later turn of a session is never one: its
+    prompt holds its parent's answer; nor is a turn whose answer a later turn holds."""
+    counts = Counter(
+        source for r in requests for source in (*(s for s, _ in r.segments), r.output_source_id)
+    )
+    shared = shared_first_sources(requests)
+    return frozenset(
+        r.request_id
+        for r in requests
+        if len(r.segments) > 1
+        and r.segments[0][0] in shared
+        and all(counts[source] == 1 for source, _ in r.segments[1:])
+        and counts[r.output_source_id] == 1
+    )
+
+
 def later_turns(requests: Sequence[Request]) -> dict[int, list[Request]]:
     """Parent request id → the requests released when it finishes (later session turns).
 

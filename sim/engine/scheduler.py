@@ -270,7 +270,7 @@ class ContinuousBatchScheduler(_SchedulerBase):
             victim.num_generated = 0
             victim.record.first_token_s = math.nan
         kv = self.kv
-        if victim.exclusive and kv.enable_prefix_caching:
+        if (victim.exclusive or victim.keyed_blocks) and kv.enable_prefix_caching:
             # Register now what the eager path would have registered as the blocks filled.
             request = victim.request
             victim.keys = block_keys(
@@ -281,6 +281,7 @@ class ContinuousBatchScheduler(_SchedulerBase):
                 victim.request_id, victim.keys, victim.num_computed_tokens + num_scheduled
             )
             victim.exclusive = False
+            victim.keyed_blocks = victim.id_blocks = 0
         kv.free(victim.request_id)
         victim.num_computed_tokens = 0
         # A preempted decode of remote KV recomputes it here, like any preempted request.
@@ -359,7 +360,8 @@ class ContinuousBatchScheduler(_SchedulerBase):
             request_id = seq.request.request_id
             fits = (
                 seq.exclusive
-                and computed + num_new <= anonymous_held.get(request_id, 0) * block_size
+                and computed + num_new
+                <= (anonymous_held.get(request_id, 0) + seq.id_blocks) * block_size
             )  # the fast path of an anonymous allocation, inline: most decodes take it
             while True:
                 if fits or allocate(
@@ -386,6 +388,8 @@ class ContinuousBatchScheduler(_SchedulerBase):
                     break
             if seq_preempted:
                 break  # as vLLM: once a request cannot stay, nothing after it is scheduled
+            if seq.keyed_blocks and not seq.exclusive:
+                self._hold_rest_by_count(seq, computed + num_new)
             if track_ids:
                 scheduled_ids[seq.request.request_id] = len(scheduled)
             scheduled.append((seq, num_new))
@@ -443,6 +447,8 @@ class ContinuousBatchScheduler(_SchedulerBase):
             ):
                 break
             kv.record_lookup(seq.num_tokens, num_hit, preempted=seq.record.num_preemptions > 0)
+            if seq.keyed_blocks and not seq.exclusive:
+                self._hold_rest_by_count(seq, num_hit + num_new)
             self.waiting.pop()
             seq.num_computed_tokens = num_hit
             if group is not None:
@@ -455,11 +461,20 @@ class ContinuousBatchScheduler(_SchedulerBase):
             scheduled.append((seq, num_new))
             budget -= num_new
 
+    def _hold_rest_by_count(self, seq: Sequence, num_tokens: int) -> None:
+        """Once a request with a keyed prefix holds ``num_tokens`` tokens, all its keyed blocks
+        among them, it takes its later blocks by count (see Sequence.keyed_blocks)."""
+        if num_tokens >= seq.keyed_blocks * self.kv.block_size:
+            seq.exclusive = True
+            seq.id_blocks = self.kv.num_blocks_of(seq.request_id)
+
     def _admit_remote(self, seq: Sequence, now: float) -> bool:
         """Allocate blocks for a prompt whose KV a prefill replica sends; False if none free."""
         prompt = seq.num_tokens - 1  # the first token came with it, its KV not computed yet
         if not self.kv.allocate_slots(seq.request_id, seq.keys, 0, prompt, anonymous=seq.exclusive):
             return False
+        if seq.keyed_blocks and not seq.exclusive:
+            self._hold_rest_by_count(seq, prompt)
         self.waiting.pop()
         seq.num_computed_tokens = prompt
         seq.kv_ready_s = now + seq.remote_transfer_s

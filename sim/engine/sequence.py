@@ -40,6 +40,12 @@ class Sequence:
     # blocks: its keys are left empty (nothing registered in the prefix cache) unless it is
     # preempted, when they are computed and its blocks registered for its own re-admission.
     exclusive: bool = False
+    # A request whose first ``keyed_blocks`` blocks other requests can share (a system prompt)
+    # and none after them: its keys stop there, and once those blocks are allocated it holds
+    # the rest by count as an exclusive request does (``exclusive`` becomes True), keeping the
+    # ``id_blocks`` it was given ids for. Preemption makes it an ordinary keyed request.
+    keyed_blocks: int = 0
+    id_blocks: int = 0
     in_flight: bool = False  # in a step not yet completed (pipeline parallelism overlaps steps)
     group: int = 0  # pipeline parallelism: the micro-batch group (virtual engine) it runs in
     remote_transfer_s: float = 0.0

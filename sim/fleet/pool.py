@@ -18,7 +18,13 @@ import simpy
 
 from sim.engine.latency import IterationTimeModel
 from sim.engine.replica import Replica
-from sim.engine.request import Record, Request, block_keys, sequence_segments
+from sim.engine.request import (
+    ALL_SHARED_FIRST,
+    Record,
+    Request,
+    block_keys,
+    sequence_segments,
+)
 from sim.engine.scheduler import Scheduler
 from sim.fleet.router import Router
 from sim.fleet.timeseries import Sample
@@ -130,6 +136,8 @@ class Fleet:
         # The first stream of more than one request's sequence (None: treat all as shared).
         # A request starting with any other stream shares no block with another request.
         self.shared_sources: frozenset[int] | None = None
+        # Requests that can share only their first segment (see set_shared_sources).
+        self.keyed_prefixes: frozenset[int] | None = None
         for _ in range(num_replicas):
             self.add_replica(startup_s=0.0)
 
@@ -203,17 +211,46 @@ class Fleet:
         caching = kv.enable_prefix_caching  # decided once, when the fleet's engines were built
         exclusive = caching and self._exclusive(request)
         cached = caching and not exclusive
+        keyed_blocks = self._keyed_blocks(request, kv.block_size) if cached else 0
         # Prefix affinity places even a request that caches nothing by its first keys.
         keys: list[int] = []
-        if cached or self.router.policy == "prefix_affinity":
-            keys = block_keys(sequence_segments(request), kv.block_size, request.total_tokens)
+        affinity = self.router.policy == "prefix_affinity"
+        if cached or affinity:
+            # A request with a keyed prefix needs only its keys, unless the router reads all.
+            tokens = keyed_blocks * kv.block_size if keyed_blocks and not affinity else 0
+            keys = block_keys(
+                sequence_segments(request), kv.block_size, tokens or request.total_tokens
+            )
         prompt_blocks = request.prompt_tokens // kv.block_size
         chosen = self.router.choose(
             candidates, keys, request.session_id, prompt_blocks, shareable=not exclusive
         )
         assert isinstance(chosen, FleetReplica)
         chosen.num_submitted += 1
-        chosen.submit(request, record, keys=keys if cached else [], exclusive=exclusive, **options)
+        if keyed_blocks and affinity:
+            keys = keys[:keyed_blocks]
+        chosen.submit(
+            request,
+            record,
+            keys=keys if cached else [],
+            exclusive=exclusive,
+            keyed_blocks=keyed_blocks,
+            **options,
+        )
+
+    def _keyed_blocks(self, request: Request, block_size: int) -> int:
+        """How many leading blocks of a request other requests may share when nothing after
+        its first segment can be shared (:attr:`keyed_prefixes`): the full blocks of that
+        segment (0: every block is keyed, as a request of unknown structure)."""
+        keyed = self.keyed_prefixes
+        if keyed is None or not request.segments:
+            return 0
+        if keyed is not ALL_SHARED_FIRST and request.request_id not in keyed:
+            return 0
+        first = request.segments[0][1]
+        if first >= request.prompt_tokens:
+            return 0
+        return first // block_size
 
     def _exclusive(self, request: Request) -> bool:
         """No other request's sequence starts like this one's (known only once
@@ -222,10 +259,15 @@ class Fleet:
             not request.segments or request.segments[0][0] not in self.shared_sources
         )
 
-    def set_shared_sources(self, sources: frozenset[int]) -> None:
+    def set_shared_sources(
+        self, sources: frozenset[int], keyed_prefixes: frozenset[int] | None = None
+    ) -> None:
         """Mark which requests can share blocks: those whose first stream is in ``sources``
-        (:func:`~sim.engine.request.shared_first_sources`)."""
+        (:func:`~sim.engine.request.shared_first_sources`); and which of them can share only
+        their first segment's blocks: the ids in ``keyed_prefixes``, or
+        :data:`ALL_SHARED_FIRST` (None: not known, every block keyed)."""
         self.shared_sources = sources
+        self.keyed_prefixes = keyed_prefixes
 
     def replica(self, replica_id: int) -> FleetReplica:
         return self.replicas[replica_id - self.id_offset]
