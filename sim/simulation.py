@@ -220,7 +220,7 @@ class Simulation:
         started = time.perf_counter()
         state = _Run(self, progress)
         self.fleet = state.fleet
-        itl = Values(sketch.EXACT_LIMIT)
+        itl = Values(sketch.EXACT_LIMIT if stream else None)
         if stream:
             state.finished = StreamedRecords(
                 self.slo, out_dir, fmt, on_chunk=lambda: _drain_itl(state.fleet.replicas, itl)
@@ -247,7 +247,6 @@ class Simulation:
             self.records = finished.records
             stats = RecordStats(self.slo, exact_limit=None)
             stats.add(frame)
-            itl = Values(exact_limit=None)
             _drain_itl(replicas, itl, clear=False)
         facts = RunFacts(
             prefix_cache=PrefixCacheCounts(

@@ -29,7 +29,6 @@ from sim.workload.generate import (
     PrefixStructure,
     SharedPrefix,
     content_salt,
-    generate_requests,
     requests_from_trace,
     synthetic_requests,
     with_priorities,
@@ -114,7 +113,7 @@ def make_prefix(workload: WorkloadSpec) -> PrefixStructure:
 def build_requests(workload: WorkloadSpec, seed_sequence: np.random.SeedSequence) -> list[Request]:
     """The scenario's requests, sorted by arrival. Same seed → same requests. A workload
     without any (no arrival within ``duration_s``) is refused, as an empty trace is."""
-    requests = _unprioritised_requests(workload, seed_sequence)
+    requests = _as_list(_unprioritised_requests(workload, seed_sequence))
     if not requests:
         _no_request(workload)
     if workload.priority is None:
@@ -136,22 +135,16 @@ def request_source(
     """:func:`build_requests` for a simulation: the same requests, but a synthetic workload
     without sessions or priority classes stays as columns (:class:`SyntheticRequests`), its
     requests built as the run reaches them."""
-    prefix = make_prefix(workload)
-    if workload.trace is not None or workload.priority is not None or isinstance(prefix, MultiTurn):
+    if workload.priority is not None:
         return build_requests(workload, seed_sequence)
-    assert workload.arrival and workload.prompt_tokens and workload.output_tokens
-    requests = synthetic_requests(
-        seed_sequence,
-        make_arrivals(workload.arrival),
-        _lengths_of("workload.prompt_tokens", workload.prompt_tokens),
-        _lengths_of("workload.output_tokens", workload.output_tokens),
-        prefix,
-        num_requests=workload.num_requests,
-        duration_s=workload.duration_s,
-    )
+    requests = _unprioritised_requests(workload, seed_sequence)
     if not len(requests):
         _no_request(workload)
     return requests
+
+
+def _as_list(requests: Sequence[Request]) -> list[Request]:
+    return requests if isinstance(requests, list) else list(requests)
 
 
 def _no_request(workload: WorkloadSpec) -> NoReturn:
@@ -165,7 +158,8 @@ def _no_request(workload: WorkloadSpec) -> NoReturn:
 
 def _unprioritised_requests(
     workload: WorkloadSpec, seed_sequence: np.random.SeedSequence
-) -> list[Request]:
+) -> Sequence[Request]:
+    """A trace's requests, or a synthetic workload's (as columns without sessions)."""
     if workload.trace is not None:
         path = workload.trace.path
         try:
@@ -204,7 +198,7 @@ def _unprioritised_requests(
             requests = requests[: workload.num_requests]
         return requests
     assert workload.arrival and workload.prompt_tokens and workload.output_tokens
-    return generate_requests(
+    return synthetic_requests(
         seed_sequence,
         make_arrivals(workload.arrival),
         _lengths_of("workload.prompt_tokens", workload.prompt_tokens),

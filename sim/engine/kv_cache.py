@@ -318,9 +318,7 @@ class KVCacheManager:
         """
         if anonymous:
             total = num_computed_tokens + num_new_tokens
-            held_ids = self._request_blocks.get(request_id)
-            num_held = self.anonymous_held.get(request_id, 0) + (len(held_ids) if held_ids else 0)
-            if total <= num_held * self.block_size:
+            if total <= self.num_blocks_of(request_id) * self.block_size:
                 return True  # fits in the blocks it holds (most decode steps)
             return self._allocate_anonymous(request_id, total)
         total = num_computed_tokens + num_new_tokens
@@ -361,8 +359,7 @@ class KVCacheManager:
     def _allocate_anonymous(self, request_id: int, total: int) -> bool:
         # A request with a keyed prefix (Sequence.keyed_blocks) holds those blocks by id.
         held = self.anonymous_held.get(request_id, 0)
-        held_ids = self._request_blocks.get(request_id)
-        num_new_blocks = -(-total // self.block_size) - held - (len(held_ids) if held_ids else 0)
+        num_new_blocks = -(-total // self.block_size) - self.num_blocks_of(request_id)
         if num_new_blocks <= 0:
             return True
         if not self._take_anonymous(num_new_blocks):

@@ -217,22 +217,20 @@ class Fleet:
         affinity = self.router.policy == "prefix_affinity"
         if cached or affinity:
             # A request with a keyed prefix needs only its keys, unless the router reads all.
-            tokens = keyed_blocks * kv.block_size if keyed_blocks and not affinity else 0
-            keys = block_keys(
-                sequence_segments(request), kv.block_size, tokens or request.total_tokens
-            )
+            num_tokens = request.total_tokens
+            if keyed_blocks and not affinity:
+                num_tokens = keyed_blocks * kv.block_size
+            keys = block_keys(sequence_segments(request), kv.block_size, num_tokens)
         prompt_blocks = request.prompt_tokens // kv.block_size
         chosen = self.router.choose(
             candidates, keys, request.session_id, prompt_blocks, shareable=not exclusive
         )
         assert isinstance(chosen, FleetReplica)
         chosen.num_submitted += 1
-        if keyed_blocks and affinity:
-            keys = keys[:keyed_blocks]
         chosen.submit(
             request,
             record,
-            keys=keys if cached else [],
+            keys=(keys[:keyed_blocks] if keyed_blocks else keys) if cached else [],
             exclusive=exclusive,
             keyed_blocks=keyed_blocks,
             **options,

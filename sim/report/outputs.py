@@ -60,7 +60,6 @@ class TableWriter:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.fmt = fmt
-        self.rows = 0
         self._parquet: Any = None
         self._schema: Any = None
         self._started = False
@@ -83,7 +82,6 @@ class TableWriter:
             table = pa.Table.from_pandas(frame, schema=self._schema, preserve_index=False)
             self._parquet.write_table(table)
         self._started = True
-        self.rows += len(frame)
 
     def close(self, empty: pd.DataFrame | None = None) -> Path:
         """Finish the file (``empty``, a table with the columns, if nothing was written)."""

@@ -39,9 +39,6 @@ class KeptRecords:
         """A request that has its status."""
         self.records.append(record)
 
-    def __len__(self) -> int:
-        return len(self.records)
-
     def tables(self) -> tuple[pd.DataFrame, pd.DataFrame | None]:
         """The records and their token times (None if none were recorded), by request id."""
         self.records.sort(key=lambda r: r.request_id)
@@ -74,7 +71,6 @@ class StreamedRecords:
         self.writer = None if self.out_dir is None else TableWriter(self.out_path("records"), fmt)
         self.token_writer: TableWriter | None = None
         self._buffer: list[Record] = []
-        self._count = 0
 
     def out_path(self, name: str) -> Path:
         """Where table ``name`` is written."""
@@ -84,12 +80,8 @@ class StreamedRecords:
     def add(self, record: Record) -> None:
         """A request that has its status: written with its chunk when the chunk is full."""
         self._buffer.append(record)
-        self._count += 1
         if len(self._buffer) >= self.chunk_records:
             self.flush()
-
-    def __len__(self) -> int:
-        return self._count
 
     def flush(self) -> None:
         """Write and summarise the records gathered since the last chunk."""

@@ -110,11 +110,7 @@ class Values:
         return [float(q) for q in self._digest.quantile_vec(list(fractions))]
 
     def ranked(self, rank: int) -> float:
-        """The ``rank``-th smallest value (0-based), from the t-digest once sketched."""
-        if self._digest is None:
-            values, counts = self.held()
-            if counts is not None:
-                values = np.repeat(values, counts)
-            return float(np.partition(values, rank)[rank])
+        """The t-digest's ``rank``-th smallest value (0-based); only once sketched."""
+        assert self._digest is not None
         fraction = rank / (self._weight - 1) if self._weight > 1 else 0.0
         return float(self._digest.quantile(fraction))

@@ -266,8 +266,7 @@ class RecordStats:
         is_ok = (frame["status"] == RequestStatus.OK.value).to_numpy()
         for name, values in self.latencies.items():
             values.add(frame[name].to_numpy(dtype=np.float64)[is_ok])
-        tpot = frame["tpot_s"].to_numpy(dtype=np.float64)[is_ok]
-        rates = 1.0 / tpot[np.isfinite(tpot) & (tpot > 0)]
+        rates = _decode_rates(frame["tpot_s"].to_numpy(dtype=np.float64)[is_ok])
         self.rate_sum += float(rates.sum())
         self.rate_count += rates.size
         for status, count in frame["status"].value_counts().items():
@@ -424,8 +423,14 @@ def summary_of(
     }
 
 
+def _decode_rates(tpot_s: np.ndarray) -> np.ndarray:
+    """Each request's decode speed, 1 / TPOT, where TPOT is finite and positive."""
+    rates: np.ndarray = 1.0 / tpot_s[np.isfinite(tpot_s) & (tpot_s > 0)]
+    return rates
+
+
 def _per_user(tpot_s: np.ndarray) -> float | None:
-    rates = 1.0 / tpot_s[np.isfinite(tpot_s) & (tpot_s > 0)]
+    rates = _decode_rates(tpot_s)
     return float(rates.mean()) if rates.size else None
 
 

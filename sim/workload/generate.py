@@ -83,28 +83,7 @@ def generate_requests(
     num_requests: int | None = None,
     duration_s: float | None = None,
 ) -> list[Request]:
-    """Draw a synthetic workload. Each component gets its own child generator of ``seed_sequence``.
-
-    With :class:`SharedPrefix`, ``prompt_tokens`` is the user part after the system prompt. With
-    :class:`MultiTurn`, it is the new user text of each turn.
-    """
-    if isinstance(prefix, MultiTurn):
-        arrival_seq, prompt_seq, output_seq, prefix_seq = seed_sequence.spawn(4)
-        salt = content_salt(seed_sequence)
-        arrival_rng = np.random.default_rng(arrival_seq)
-        return _multi_turn(
-            arrival_rng,
-            np.random.default_rng(prompt_seq),
-            np.random.default_rng(output_seq),
-            np.random.default_rng(prefix_seq),
-            arrivals,
-            prompt_tokens,
-            output_tokens,
-            prefix,
-            salt=salt,
-            num_requests=num_requests,
-            duration_s=duration_s,
-        )
+    """Draw a synthetic workload, as a list (:func:`synthetic_requests`)."""
     return list(
         synthetic_requests(
             seed_sequence,
@@ -123,15 +102,33 @@ def synthetic_requests(
     arrivals: ArrivalProcess,
     prompt_tokens: LengthDistribution,
     output_tokens: LengthDistribution,
-    prefix: SharedPrefix | None = None,
+    prefix: PrefixStructure = None,
     *,
     num_requests: int | None = None,
     duration_s: float | None = None,
-) -> SyntheticRequests:
-    """:func:`generate_requests` without sessions, as columns: the same requests, each built
-    when it is read."""
+) -> Sequence[Request]:
+    """Draw a synthetic workload. Each component gets its own child generator of ``seed_sequence``.
+
+    With :class:`SharedPrefix`, ``prompt_tokens`` is the user part after the system prompt. With
+    :class:`MultiTurn`, it is the new user text of each turn, and the sessions come as a list;
+    without sessions, as columns (:class:`SyntheticRequests`), each request built when read.
+    """
     arrival_seq, prompt_seq, output_seq, prefix_seq = seed_sequence.spawn(4)
     arrival_rng = np.random.default_rng(arrival_seq)
+    if isinstance(prefix, MultiTurn):
+        return _multi_turn(
+            arrival_rng,
+            np.random.default_rng(prompt_seq),
+            np.random.default_rng(output_seq),
+            np.random.default_rng(prefix_seq),
+            arrivals,
+            prompt_tokens,
+            output_tokens,
+            prefix,
+            salt=content_salt(seed_sequence),
+            num_requests=num_requests,
+            duration_s=duration_s,
+        )
     times = arrivals.times(arrival_rng, num_requests=num_requests, duration_s=duration_s)
     n = len(times)
     prompts = prompt_tokens.sample(np.random.default_rng(prompt_seq), n)
