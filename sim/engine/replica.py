@@ -106,7 +106,7 @@ class Replica:
             and getattr(latency_model, "deterministic", True)
         )
         self._run: _DecodeRun | None = None
-        self._interrupted = False  # the engine was interrupted to cut its run, not resumed yet
+        self._wake_s = 0.0  # when the engine, in a fast-forward run, wakes next
         # Async scheduling (one engine loop only): requests that arrived while a step ran, with
         # their arrival times, not yet seen by the scheduler (see _admit_pending).
         self.async_scheduling = scheduler.options.async_scheduling and self.pipeline_depth == 1
@@ -201,9 +201,23 @@ class Replica:
             self._plan_steps(run, end - run.end)
         run.end = min(run.end, end) if run.cut else end
         run.cut = True
-        if not self._interrupted:
-            self._interrupted = True
-            self.process.interrupt()
+        self._wake_at_run_end(run)
+
+    def _wake_at_run_end(self, run: _DecodeRun) -> None:
+        """Make the engine, waiting in :meth:`_fast_forward`, wake at the end of ``run`` as a cut
+        left it. What an interrupt would do (take the engine off the timeout it waits on, and
+        wait for the new end), without an exception thrown into the engine at every arrival:
+        the timeout is swapped for one at the new end."""
+        wake_s = run.times[run.end]
+        if wake_s == self._wake_s:
+            return
+        process = self.process
+        process.target.callbacks.remove(process._resume)
+        # Sterbenz: the difference is exact, so the event lands on times[end] itself.
+        wake = self.env.timeout(max(0.0, wake_s - self.env.now))
+        wake.callbacks.append(process._resume)
+        process._target = wake
+        self._wake_s = wake_s
 
     def _admit_pending(self, last_start_s: float, everything: bool) -> None:
         """Give the scheduler the pending requests that arrived by ``last_start_s`` (the start
@@ -394,12 +408,10 @@ class Replica:
         env = self.env
         self._run = run
         while True:
-            try:
-                # Sterbenz: the difference is exact, so the event lands on times[end] itself.
-                yield env.timeout(max(0.0, run.times[run.end] - env.now))
-            except simpy.Interrupt:
-                self._interrupted = False
-                continue  # cut short: wait for the end of the step in progress
+            # A cut moves this wake-up earlier (see _wake_at_run_end). Sterbenz: the difference
+            # is exact, so the event lands on times[end] itself.
+            self._wake_s = run.times[run.end]
+            yield env.timeout(max(0.0, self._wake_s - env.now))
             if run.cut or run.end >= run.limit:
                 break
             self._plan_steps(run, run.end)  # uncut so far: plan as many steps again
