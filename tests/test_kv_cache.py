@@ -289,3 +289,36 @@ def test_a_request_with_a_keyed_prefix_that_must_be_registered_gets_ids_after_it
     hit, tokens = kv.get_computed_blocks(keys, 72)
     assert tokens == 64 and hit[:2] == prefix  # all four full blocks, prefix first
     kv.check_invariants()
+
+
+def test_allocating_a_keyed_prefix_gives_ids_to_the_prefix_and_counts_the_rest() -> None:
+    kv = KVCacheManager(12, BLOCK, enable_prefix_caching=True)
+    system = (99, 32)
+    keys = block_keys([system, (1, 48)], BLOCK, 80)[:2]
+    # Within the prefix: ordinary blocks with ids, registered.
+    assert kv.allocate_keyed_prefix(1, keys, 0, 20, 32)
+    assert len(kv.blocks_of(1)) == 2 and kv.num_blocks_of(1) == 2
+    # Past it: the rest of the prefix by id, the blocks after it by count.
+    assert kv.allocate_keyed_prefix(1, keys, 20, 60, 32)
+    assert len(kv.blocks_of(1)) == 2 and kv.num_blocks_of(1) == 5
+    assert kv.cached_prefix_blocks(keys) == 2
+    kv.check_invariants()
+    # A second request hits the prefix and takes the rest by count in the same call.
+    other = block_keys([system, (2, 48)], BLOCK, 80)[:2]
+    hit, tokens = kv.get_computed_blocks(other, 80)
+    assert tokens == 32
+    assert kv.allocate_keyed_prefix(2, other, tokens, 48, 32, hit)
+    assert kv.blocks_of(2) == kv.blocks_of(1) and kv.num_blocks_of(2) == 5
+    assert kv.num_shared_references == 2
+    kv.check_invariants()
+
+
+def test_a_keyed_prefix_allocation_that_does_not_fit_changes_nothing() -> None:
+    kv = KVCacheManager(4, BLOCK, enable_prefix_caching=True)
+    keys = block_keys([(99, 32), (1, 48)], BLOCK, 80)[:2]
+    before = (kv.free_queue.ids(), kv.num_free_blocks)
+    assert not kv.allocate_keyed_prefix(1, keys, 0, 80, 32)  # 5 blocks, 4 free
+    assert (kv.free_queue.ids(), kv.num_free_blocks) == before
+    assert kv.blocks_of(1) == [] and kv.num_blocks_of(1) == 0
+    assert kv.cached_prefix_blocks(keys) == 0
+    kv.check_invariants()

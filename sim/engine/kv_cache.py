@@ -356,6 +356,43 @@ class KVCacheManager:
             self._cache_full_blocks(request_id, keys, num_computed_tokens + num_new_tokens)
         return True
 
+    def allocate_keyed_prefix(
+        self,
+        request_id: int,
+        keys: Sequence[int],
+        num_computed_tokens: int,
+        num_new_tokens: int,
+        id_tokens: int,
+        new_computed_blocks: Sequence[int] = (),
+    ) -> bool:
+        """:meth:`allocate_slots` for a request whose first ``id_tokens`` tokens are the only
+        ones another request can share (their keys, ``keys``, stop there): those blocks with
+        ids and registered, any after them by count (anonymous, the blocks no request can hit).
+        False, and nothing changed, if they do not all fit."""
+        total = num_computed_tokens + num_new_tokens
+        if total <= id_tokens:
+            return self.allocate_slots(
+                request_id, keys, num_computed_tokens, num_new_tokens, new_computed_blocks
+            )
+        needed = self.blocks_needed(total) - self.num_blocks_of(request_id)
+        needed -= len(new_computed_blocks)
+        # Hit blocks that are free still occupy a free slot until touched.
+        evictable_hits = sum(1 for b in new_computed_blocks if self._ref_count[b] == 0)
+        if needed > self.free_queue.num_free - evictable_hits:
+            return False
+        if new_computed_blocks or num_computed_tokens < id_tokens:
+            allocated = self.allocate_slots(
+                request_id,
+                keys,
+                num_computed_tokens,
+                max(0, id_tokens - num_computed_tokens),
+                new_computed_blocks,
+            )
+            assert allocated
+        allocated = self._allocate_anonymous(request_id, total)
+        assert allocated
+        return True
+
     def _allocate_anonymous(self, request_id: int, total: int) -> bool:
         # A request with a keyed prefix (Sequence.keyed_blocks) holds those blocks by id.
         held = self.anonymous_held.get(request_id, 0)

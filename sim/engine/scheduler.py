@@ -364,9 +364,12 @@ class ContinuousBatchScheduler(_SchedulerBase):
                 <= (anonymous_held.get(request_id, 0) + seq.id_blocks) * block_size
             )  # the fast path of an anonymous allocation, inline: most decodes take it
             while True:
-                if fits or allocate(
-                    request_id, seq.keys, computed, num_new, anonymous=seq.exclusive
-                ):
+                if fits:
+                    break
+                if seq.keyed_blocks and not seq.exclusive:
+                    if self._allocate_keyed(seq, computed, num_new):
+                        break
+                elif allocate(request_id, seq.keys, computed, num_new, anonymous=seq.exclusive):
                     break
                 victim = self._pick_victim()
                 if victim is None:  # everyone else is in a running pipeline step: wait
@@ -388,8 +391,6 @@ class ContinuousBatchScheduler(_SchedulerBase):
                     break
             if seq_preempted:
                 break  # as vLLM: once a request cannot stay, nothing after it is scheduled
-            if seq.keyed_blocks and not seq.exclusive:
-                self._hold_rest_by_count(seq, computed + num_new)
             if track_ids:
                 scheduled_ids[seq.request.request_id] = len(scheduled)
             scheduled.append((seq, num_new))
@@ -437,7 +438,10 @@ class ContinuousBatchScheduler(_SchedulerBase):
             if not config.enable_chunked_prefill and num_new > budget:
                 break
             num_new = min(num_new, budget)
-            if not kv.allocate_slots(
+            if seq.keyed_blocks and not seq.exclusive:
+                if not self._allocate_keyed(seq, num_hit, num_new, computed_blocks):
+                    break
+            elif not kv.allocate_slots(
                 seq.request_id,
                 seq.keys,
                 num_hit,
@@ -447,8 +451,6 @@ class ContinuousBatchScheduler(_SchedulerBase):
             ):
                 break
             kv.record_lookup(seq.num_tokens, num_hit, preempted=seq.record.num_preemptions > 0)
-            if seq.keyed_blocks and not seq.exclusive:
-                self._hold_rest_by_count(seq, num_hit + num_new)
             self.waiting.pop()
             seq.num_computed_tokens = num_hit
             if group is not None:
@@ -461,20 +463,33 @@ class ContinuousBatchScheduler(_SchedulerBase):
             scheduled.append((seq, num_new))
             budget -= num_new
 
-    def _hold_rest_by_count(self, seq: Sequence, num_tokens: int) -> None:
-        """Once a request with a keyed prefix holds ``num_tokens`` tokens, all its keyed blocks
-        among them, it takes its later blocks by count (see Sequence.keyed_blocks)."""
-        if num_tokens >= seq.keyed_blocks * self.kv.block_size:
+    def _allocate_keyed(
+        self, seq: Sequence, computed: int, num_new: int, hits: list[int] | None = None
+    ) -> bool:
+        """Allocate for a request with a keyed prefix (see Sequence.keyed_blocks): its keyed
+        blocks with ids, any after them by count; once it holds all of its keyed blocks it is
+        held by count from then on. False, nothing changed, if the blocks do not fit."""
+        kv = self.kv
+        keyed_tokens = seq.keyed_blocks * kv.block_size
+        if not kv.allocate_keyed_prefix(
+            seq.request_id, seq.keys, computed, num_new, keyed_tokens, hits or ()
+        ):
+            return False
+        if computed + num_new >= keyed_tokens:
             seq.exclusive = True
-            seq.id_blocks = self.kv.num_blocks_of(seq.request_id)
+            seq.id_blocks = len(kv.blocks_of(seq.request_id))
+        return True
 
     def _admit_remote(self, seq: Sequence, now: float) -> bool:
         """Allocate blocks for a prompt whose KV a prefill replica sends; False if none free."""
         prompt = seq.num_tokens - 1  # the first token came with it, its KV not computed yet
-        if not self.kv.allocate_slots(seq.request_id, seq.keys, 0, prompt, anonymous=seq.exclusive):
-            return False
         if seq.keyed_blocks and not seq.exclusive:
-            self._hold_rest_by_count(seq, prompt)
+            if not self._allocate_keyed(seq, 0, prompt):
+                return False
+        elif not self.kv.allocate_slots(
+            seq.request_id, seq.keys, 0, prompt, anonymous=seq.exclusive
+        ):
+            return False
         self.waiting.pop()
         seq.num_computed_tokens = prompt
         seq.kv_ready_s = now + seq.remote_transfer_s

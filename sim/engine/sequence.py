@@ -41,9 +41,10 @@ class Sequence:
     # preempted, when they are computed and its blocks registered for its own re-admission.
     exclusive: bool = False
     # A request whose first ``keyed_blocks`` blocks other requests can share (a system prompt)
-    # and none after them: its keys stop there, and once those blocks are allocated it holds
-    # the rest by count as an exclusive request does (``exclusive`` becomes True), keeping the
-    # ``id_blocks`` it was given ids for. Preemption makes it an ordinary keyed request.
+    # and none after them: its keys stop there, those blocks get ids, and every block after
+    # them is held by count as an exclusive request's (the allocation that reaches past the
+    # prefix makes ``exclusive`` True, keeping the ``id_blocks`` that have ids). Preemption
+    # makes it an ordinary keyed request.
     keyed_blocks: int = 0
     id_blocks: int = 0
     in_flight: bool = False  # in a step not yet completed (pipeline parallelism overlaps steps)
