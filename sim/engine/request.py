@@ -300,5 +300,11 @@ def source_id(namespace: SourceNamespace, *values: int) -> int:
     A digest, not Python's ``hash``: ``hash(-1) == hash(-2)`` in CPython, which once gave two
     sessions the same content.
     """
-    packed = b"".join((v & _MASK_64).to_bytes(8, "little") for v in (int(namespace), *values))
-    return int.from_bytes(hashlib.blake2b(packed, digest_size=8).digest(), "little", signed=True)
+    # The values' 8-byte little-endian forms one after another: one integer's bytes.
+    packed = int(namespace) & _MASK_64
+    shift = 64
+    for value in values:
+        packed |= (value & _MASK_64) << shift
+        shift += 64
+    digest = hashlib.blake2b(packed.to_bytes(shift // 8, "little"), digest_size=8).digest()
+    return int.from_bytes(digest, "little", signed=True)

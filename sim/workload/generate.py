@@ -165,6 +165,7 @@ class SyntheticRequests(Sequence[Request]):
         self.groups = np.asarray(groups, dtype=np.int32)
         self.prefix = prefix
         self.salt = salt
+        self._system_ids: dict[int, int] = {}  # group -> its system prompt's stream id
         assert self.times.size < 2 or bool(np.all(self.times[1:] >= self.times[:-1]))
 
     def __len__(self) -> int:
@@ -194,7 +195,11 @@ class SyntheticRequests(Sequence[Request]):
         group = int(self.groups[i])
         segments: tuple[Segment, ...]
         if group >= 0 and prefix is not None:
-            system = (source_id(SourceNamespace.SYSTEM_PROMPT, salt, group), prefix.prefix_tokens)
+            system_id = self._system_ids.get(group)
+            if system_id is None:
+                system_id = source_id(SourceNamespace.SYSTEM_PROMPT, salt, group)
+                self._system_ids[group] = system_id
+            system = (system_id, prefix.prefix_tokens)
             segments = (system, (_unique(salt, i, 0), user))
             total = prefix.prefix_tokens + user
         else:
