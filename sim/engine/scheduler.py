@@ -538,8 +538,21 @@ class ContinuousBatchScheduler(_SchedulerBase):
                 if not seq.hold_kv:
                     self.kv.free(seq.request_id)
                 finished.append(seq)
+        # Each later step: one latency for every row (add_itl, inline: a run has many steps).
+        values, counts = self.itl_values, self.itl_counts
+        num_rows = len(rows)
+        last = values[-1] if values else math.nan
+        previous = first_s
         for step in range(2, num_steps + 1):
-            add_itl(times[step] - times[step - 1], len(rows))
+            now = times[step]
+            value = now - previous
+            previous = now
+            if value == last:
+                counts[-1] += num_rows
+            else:
+                values.append(value)
+                counts.append(num_rows)
+                last = value
         if finished:
             self.running = [s for s in self.running if not s.finished]
         return finished
