@@ -22,12 +22,16 @@ from sim.engine.request import (
     ALL_SHARED_FIRST,
     Record,
     Request,
+    Segment,
     block_keys,
     sequence_segments,
 )
 from sim.engine.scheduler import Scheduler
 from sim.fleet.router import Router
 from sim.fleet.timeseries import Sample
+
+#: The most keyed prefixes whose keys a fleet keeps (a trace may have many distinct ones).
+PREFIX_KEYS_CACHED = 4096
 
 #: Makes replica ``i``'s engine: its scheduler (with its own KV cache) and step-time model.
 EngineFactory = Callable[[int], tuple[Scheduler, IterationTimeModel]]
@@ -138,6 +142,9 @@ class Fleet:
         self.shared_sources: frozenset[int] | None = None
         # Requests that can share only their first segment (see set_shared_sources).
         self.keyed_prefixes: frozenset[int] | None = None
+        # The keys of a keyed prefix, by its segment and length: every request that starts with
+        # the same system prompt has the same ones (at most PREFIX_KEYS_CACHED kept).
+        self._prefix_keys: dict[tuple[Segment, int], list[int]] = {}
         for _ in range(num_replicas):
             self.add_replica(startup_s=0.0)
 
@@ -217,10 +224,12 @@ class Fleet:
         affinity = self.router.policy == "prefix_affinity"
         if cached or affinity:
             # A request with a keyed prefix needs only its keys, unless the router reads all.
-            num_tokens = request.total_tokens
             if keyed_blocks and not affinity:
-                num_tokens = keyed_blocks * kv.block_size
-            keys = block_keys(sequence_segments(request), kv.block_size, num_tokens)
+                keys = self._keyed_prefix_keys(
+                    request.segments[0], kv.block_size, keyed_blocks * kv.block_size
+                )
+            else:
+                keys = block_keys(sequence_segments(request), kv.block_size, request.total_tokens)
         prompt_blocks = request.prompt_tokens // kv.block_size
         chosen = self.router.choose(
             candidates, keys, request.session_id, prompt_blocks, shareable=not exclusive
@@ -235,6 +244,19 @@ class Fleet:
             keyed_blocks=keyed_blocks,
             **options,
         )
+
+    def _keyed_prefix_keys(self, first: Segment, block_size: int, num_tokens: int) -> list[int]:
+        """The keys of the first ``num_tokens`` tokens of a keyed prefix (its first segment),
+        shared by every request that starts with it; read-only (a preempted request computes
+        its own, all of them)."""
+        cache_key = (first, num_tokens)
+        keys = self._prefix_keys.get(cache_key)
+        if keys is None:
+            if len(self._prefix_keys) >= PREFIX_KEYS_CACHED:
+                self._prefix_keys.clear()
+            keys = block_keys((first,), block_size, num_tokens)
+            self._prefix_keys[cache_key] = keys
+        return keys
 
     def _keyed_blocks(self, request: Request, block_size: int) -> int:
         """How many leading blocks of a request other requests may share when nothing after
