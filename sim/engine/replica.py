@@ -452,6 +452,9 @@ class Replica:
         kv = self.kv
         block_size = kv.block_size
         seqs = run.seqs
+        # Anonymous blocks of several steps, taken in one go when no block of the run has an
+        # id (then nothing else takes blocks in between, so the same blocks leave the queue).
+        gathered: list[int] = []
         while run.started < run.end and times[run.started] <= now:
             step = run.started + 1
             if run.opens_by_residue is None:
@@ -467,8 +470,11 @@ class Replica:
             fills = run.fills_by_residue.get(-step % block_size, NO_INDICES)
             anonymous = run.anonymous_by_residue.get((1 - step) % block_size, NO_INDICES)
             if anonymous:
-                allocated = kv.add_anonymous_blocks(anonymous)
-                assert allocated, "a fast-forward run outgrew the free blocks"
+                if run.opens_by_residue:
+                    allocated = kv.add_anonymous_blocks(anonymous)
+                    assert allocated, "a fast-forward run outgrew the free blocks"
+                else:
+                    gathered += anonymous
             if block_size == 1:
                 indices = opens
             elif fills:
@@ -485,6 +491,9 @@ class Replica:
             self.num_steps += 1
             self.num_fast_forwarded_steps += 1
             self.busy_s += run.durations[step - 1]
+        if gathered:
+            allocated = kv.add_anonymous_blocks(gathered)
+            assert allocated, "a fast-forward run outgrew the free blocks"
         last_complete = min(run.end - 1, run.started)
         while run.completed < last_complete and times[run.completed + 1] <= now:
             run.completed += 1
