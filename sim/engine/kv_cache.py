@@ -335,9 +335,7 @@ class KVCacheManager:
         held = self._request_blocks.setdefault(request_id, [])
         num_required = self.blocks_needed(total)
         num_new_blocks = num_required - len(held) - len(new_computed_blocks)
-        # Hit blocks that are free still occupy a free slot until touched.
-        num_evictable_hits = sum(1 for b in new_computed_blocks if self._ref_count[b] == 0)
-        if num_new_blocks > self.free_queue.num_free - num_evictable_hits:
+        if not self._fits(num_new_blocks, new_computed_blocks):
             if not held:
                 del self._request_blocks[request_id]
             return False
@@ -375,10 +373,7 @@ class KVCacheManager:
                 request_id, keys, num_computed_tokens, num_new_tokens, new_computed_blocks
             )
         needed = self.blocks_needed(total) - self.num_blocks_of(request_id)
-        needed -= len(new_computed_blocks)
-        # Hit blocks that are free still occupy a free slot until touched.
-        evictable_hits = sum(1 for b in new_computed_blocks if self._ref_count[b] == 0)
-        if needed > self.free_queue.num_free - evictable_hits:
+        if not self._fits(needed - len(new_computed_blocks), new_computed_blocks):
             return False
         if new_computed_blocks or num_computed_tokens < id_tokens:
             allocated = self.allocate_slots(
@@ -392,6 +387,13 @@ class KVCacheManager:
         allocated = self._allocate_anonymous(request_id, total)
         assert allocated
         return True
+
+    def _fits(self, num_new_blocks: int, new_computed_blocks: Sequence[int]) -> bool:
+        """Whether ``num_new_blocks`` more blocks can be taken besides the hits
+        ``new_computed_blocks``: hit blocks that are free still occupy a free slot until
+        touched."""
+        evictable_hits = sum(1 for b in new_computed_blocks if self._ref_count[b] == 0)
+        return num_new_blocks <= self.free_queue.num_free - evictable_hits
 
     def _allocate_anonymous(self, request_id: int, total: int) -> bool:
         # A request with a keyed prefix (Sequence.keyed_blocks) holds those blocks by id.

@@ -464,7 +464,7 @@ class ContinuousBatchScheduler(_SchedulerBase):
             budget -= num_new
 
     def _allocate_keyed(
-        self, seq: Sequence, computed: int, num_new: int, hits: list[int] | None = None
+        self, seq: Sequence, computed: int, num_new: int, hits: Sequence_[int] = ()
     ) -> bool:
         """Allocate for a request with a keyed prefix (see Sequence.keyed_blocks): its keyed
         blocks with ids, any after them by count; once it holds all of its keyed blocks it is
@@ -472,7 +472,7 @@ class ContinuousBatchScheduler(_SchedulerBase):
         kv = self.kv
         keyed_tokens = seq.keyed_blocks * kv.block_size
         if not kv.allocate_keyed_prefix(
-            seq.request_id, seq.keys, computed, num_new, keyed_tokens, hits or ()
+            seq.request_id, seq.keys, computed, num_new, keyed_tokens, hits
         ):
             return False
         if computed + num_new >= keyed_tokens:
