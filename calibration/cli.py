@@ -293,6 +293,13 @@ def _print_loaded(replays: list[dict[str, Any]], report: FitReport) -> None:
             f"{pct(joint['e2e_mean_error'])} (isolated points → with the loaded steps)",
             highlight=False,
         )
+        server, simulated = replay.get("server_ttft"), replay.get("simulated_ttft")
+        if server and simulated:
+            stderr.print(
+                f"    TTFT mean, vLLM's / simulated: {_ttft_split(server)} / "
+                f"{_ttft_split(simulated)}",
+                highlight=False,
+            )
     for held in report.held_out:
         stderr.print(
             f"  left out {held['workload']}: steps {held['step_relative_error_mean']:.1%} mean "
@@ -300,6 +307,14 @@ def _print_loaded(replays: list[dict[str, Any]], report: FitReport) -> None:
             f"{held['e2e_mean_error']:+.1%} (fitted on the isolated points and the others)",
             highlight=False,
         )
+
+
+def _ttft_split(parts: dict[str, float]) -> str:
+    """A mean TTFT as ``total = before the engine queue + queued + prefill`` in ms."""
+    return (
+        f"{parts['ttft'] * 1e3:.1f} = {parts['outside_engine'] * 1e3:.1f} + "
+        f"{parts['queue'] * 1e3:.1f} + {parts['prefill'] * 1e3:.1f} ms"
+    )
 
 
 def _calibrate_from_operators(scenario: Scenario, source: str, data_dir: Path, out: Path) -> None:

@@ -52,6 +52,7 @@ from sim.scenario import Scenario
 
 if TYPE_CHECKING:
     from live.replay import Target
+    from live.scrape import MetricsDelta
 
 #: The loaded replays: name, offered load as a fraction of the measured capacity (None: the
 #: burst that measures it) and share of the loaded budget. The last one drains longest.
@@ -97,6 +98,9 @@ class ReplayOutcome:
     # (vLLM's iteration_tokens_total histogram), when its /metrics could be read.
     server_steps: float | None = None
     server_tokens: float | None = None
+    # vLLM's mean TTFT and its parts, in seconds (see ttft_parts): ttft, outside_engine,
+    # queue, prefill; None without its /metrics.
+    server_ttft: dict[str, float] | None = None
 
 
 class Runner(Protocol):
@@ -417,6 +421,23 @@ def _mean_abs_error(errors: Sequence[float]) -> float:
     return float(np.mean(scored)) if scored else math.inf
 
 
+def ttft_parts(records: pd.DataFrame, frontend_s: float) -> dict[str, float]:
+    """A simulated run's mean TTFT split as vLLM's metrics split it (scrape.MetricsDelta):
+    ``outside_engine`` (the front end and the wait for the step in progress), ``queue`` and
+    ``prefill`` (scheduled to first token). The simulator's queue holds the wait for the step
+    in progress, which vLLM counts outside the engine (its queue starts when the engine core
+    takes the request, between steps), so the comparable parts are ``prefill`` and the sum of
+    the other two."""
+    ok = records[records["status"].astype(str) == "ok"]
+    scheduled = ok["scheduled_s"] - ok["arrival_s"]
+    return {
+        "ttft": float(ok["ttft_s"].mean()),
+        "outside_engine": frontend_s,
+        "queue": float((scheduled - frontend_s).mean()),
+        "prefill": float((ok["first_token_s"] - ok["scheduled_s"]).mean()),
+    }
+
+
 def _request_errors(
     scenario: Scenario, replay: LoadedReplay, coefficients: CalibratedCoefficients
 ) -> tuple[float, float]:
@@ -428,8 +449,19 @@ def _request_errors(
     measured = usable_records(replay.outcome.records)
     if measured.empty:
         return float("nan"), float("nan")
+    return _errors_of(measured, _simulated(scenario, replay, coefficients))
+
+
+def _simulated(
+    scenario: Scenario, replay: LoadedReplay, coefficients: CalibratedCoefficients
+) -> pd.DataFrame:
+    """The simulator's records of ``replay``'s requests sent at their real send times."""
     requests = at_send_times(replay.requests, replay.outcome.records)
-    simulated = build(scenario, requests=requests, coefficients=coefficients).run().records
+    return build(scenario, requests=requests, coefficients=coefficients).run().records
+
+
+def _errors_of(measured: pd.DataFrame, simulated: pd.DataFrame) -> tuple[float, float]:
+    """Simulated over measured mean TTFT and E2E, less 1, over the requests ok in both."""
     both = measured.merge(
         simulated[simulated["status"].astype(str) == "ok"][["request_id", "ttft_s", "e2e_s"]],
         on="request_id",
@@ -620,8 +652,15 @@ def fit_loaded(
             if outcome.server_steps and outcome.server_tokens is not None
             else None,
         }
+        entry["server_ttft"] = outcome.server_ttft
         for label, fitted in (("isolated_fit", isolated_coefficients), ("joint_fit", coefficients)):
-            ttft, e2e = _request_errors(scenario, replay, fitted)
+            measured = usable_records(outcome.records)
+            ttft = e2e = float("nan")
+            if not measured.empty:
+                simulated = _simulated(scenario, replay, fitted)
+                ttft, e2e = _errors_of(measured, simulated)
+                if label == "joint_fit":
+                    entry["simulated_ttft"] = ttft_parts(simulated, fitted.frontend_overhead_s)
             entry[label] = {
                 "step_relative_error_mean": _finite_or_none(_step_error(fitted, replay.steps)),
                 "ttft_mean_error": _finite_or_none(ttft),
@@ -668,6 +707,20 @@ def live_runner(target: Target, vocab_size: int, salt: int) -> Runner:
             else pd.DataFrame(columns=["request_id", "token_index", "time_s"]),
             server_steps=iteration.count if iteration is not None and iteration.count else None,
             server_tokens=iteration.sum if iteration is not None and iteration.count else None,
+            server_ttft=_server_ttft(result.metrics),
         )
 
     return run
+
+
+def _server_ttft(metrics: MetricsDelta | None) -> dict[str, float] | None:
+    """vLLM's mean TTFT and its parts (:func:`ttft_parts` names them) from a replay's
+    /metrics delta; None where the server did not expose the phase histograms."""
+    if metrics is None or math.isnan(metrics.ttft_outside_engine_s):
+        return None
+    return {
+        "ttft": metrics.ttft.mean,
+        "outside_engine": metrics.ttft_outside_engine_s,
+        "queue": metrics.queue_time.mean,
+        "prefill": metrics.prefill_time.mean,
+    }

@@ -178,7 +178,21 @@ class MetricsDelta:
     tpot: Histogram
     itl: Histogram
     e2e: Histogram
-    queue_time: Histogram
+    queue_time: Histogram  # engine: queued -> first scheduled
+    # Engine-side phases of a request (vLLM V1): scheduled -> first token, first token -> last,
+    # and scheduled -> last.
+    prefill_time: Histogram = field(default_factory=Histogram)
+    decode_time: Histogram = field(default_factory=Histogram)
+    inference_time: Histogram = field(default_factory=Histogram)
+
+    @property
+    def ttft_outside_engine_s(self) -> float:
+        """Mean seconds of vLLM's TTFT spent neither queued in the engine nor in its prefill:
+        the API server's input processing, the hand-off to the engine core, the wait for the
+        step in progress to end, and the first token's way back. NaN without the histograms."""
+        if not (self.ttft.count and self.queue_time.count and self.prefill_time.count):
+            return math.nan
+        return self.ttft.mean - self.queue_time.mean - self.prefill_time.mean
 
     @property
     def prefix_cache_hit_rate(self) -> float:
@@ -197,6 +211,8 @@ class MetricsDelta:
             result[name] = value.as_dict() if isinstance(value, Histogram) else value
         rate = self.prefix_cache_hit_rate
         result["prefix_cache_hit_rate"] = None if math.isnan(rate) else rate
+        outside = self.ttft_outside_engine_s
+        result["ttft_outside_engine_s"] = None if math.isnan(outside) else outside
         return result
 
 
@@ -234,4 +250,7 @@ def metrics_delta(before: MetricsSnapshot, after: MetricsSnapshot) -> MetricsDel
         itl=histogram("vllm:inter_token_latency_seconds"),
         e2e=histogram("vllm:e2e_request_latency_seconds"),
         queue_time=histogram("vllm:request_queue_time_seconds"),
+        prefill_time=histogram("vllm:request_prefill_time_seconds"),
+        decode_time=histogram("vllm:request_decode_time_seconds"),
+        inference_time=histogram("vllm:request_inference_time_seconds"),
     )

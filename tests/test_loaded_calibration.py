@@ -151,6 +151,14 @@ def test_loaded_steps_pull_a_wrong_isolated_fit_to_the_server(tmp_path: Path) ->
         alone, joint = entry["isolated_fit"], entry["joint_fit"]
         assert joint["step_relative_error_mean"] < alone["step_relative_error_mean"]
         assert abs(joint["e2e_mean_error"]) < abs(alone["e2e_mean_error"])
+        # The joint fit's TTFT split as vLLM's /metrics split it; this server has none.
+        assert entry["server_ttft"] is None
+        parts = entry["simulated_ttft"]
+        assert parts["outside_engine"] == fit.coefficients.frontend_overhead_s
+        assert parts["queue"] >= 0 and parts["prefill"] > 0
+        assert parts["outside_engine"] + parts["queue"] + parts["prefill"] == pytest.approx(
+            parts["ttft"]
+        )
     # Each replay left out in turn, predicted from the isolated points and the others; the
     # weight of the loaded steps is the one whose left-out replays came out best, and here,
     # where the isolated points are wrong, that is the largest.
