@@ -52,7 +52,6 @@ from sim.scenario import Scenario
 
 if TYPE_CHECKING:
     from live.replay import Target
-    from live.scrape import MetricsDelta
 
 #: The loaded replays: name, offered load as a fraction of the measured capacity (None: the
 #: burst that measures it) and share of the loaded budget. The last one drains longest.
@@ -98,8 +97,8 @@ class ReplayOutcome:
     # (vLLM's iteration_tokens_total histogram), when its /metrics could be read.
     server_steps: float | None = None
     server_tokens: float | None = None
-    # vLLM's mean TTFT and its parts, in seconds (see ttft_parts): ttft, outside_engine,
-    # queue, prefill; None without its /metrics.
+    # vLLM's mean TTFT and its parts, in seconds (live.scrape.MetricsDelta.ttft_parts); None
+    # without its /metrics or their phase histograms.
     server_ttft: dict[str, float] | None = None
 
 
@@ -429,11 +428,10 @@ def ttft_parts(records: pd.DataFrame, frontend_s: float) -> dict[str, float]:
     takes the request, between steps), so the comparable parts are ``prefill`` and the sum of
     the other two."""
     ok = records[records["status"].astype(str) == "ok"]
-    scheduled = ok["scheduled_s"] - ok["arrival_s"]
     return {
         "ttft": float(ok["ttft_s"].mean()),
         "outside_engine": frontend_s,
-        "queue": float((scheduled - frontend_s).mean()),
+        "queue": float((ok["queue_s"] - frontend_s).mean()),
         "prefill": float((ok["first_token_s"] - ok["scheduled_s"]).mean()),
     }
 
@@ -441,37 +439,36 @@ def ttft_parts(records: pd.DataFrame, frontend_s: float) -> dict[str, float]:
 def _request_errors(
     scenario: Scenario, replay: LoadedReplay, coefficients: CalibratedCoefficients
 ) -> tuple[float, float]:
+    """The simulator's mean TTFT and E2E errors on ``replay`` (:func:`_simulated_errors`)."""
+    ttft, e2e, _ = _simulated_errors(scenario, replay, coefficients)
+    return ttft, e2e
+
+
+def _simulated_errors(
+    scenario: Scenario, replay: LoadedReplay, coefficients: CalibratedCoefficients
+) -> tuple[float, float, pd.DataFrame | None]:
     """The simulator replaying ``replay``'s requests at their real send times with
     ``coefficients``: its mean TTFT and mean E2E over the live ones, less 1 (+ when the
-    simulator is slower), over the requests that completed in both. Means, not a mean of
+    simulator is slower), over the requests that completed in both, and its records (None
+    when no live request is usable, and nothing was simulated). Means, not a mean of
     per-request ratios: in a burst the server may serve the queue in another order than the
     simulator, which moves single requests' TTFT by the whole queue but not its mean."""
     measured = usable_records(replay.outcome.records)
     if measured.empty:
-        return float("nan"), float("nan")
-    return _errors_of(measured, _simulated(scenario, replay, coefficients))
-
-
-def _simulated(
-    scenario: Scenario, replay: LoadedReplay, coefficients: CalibratedCoefficients
-) -> pd.DataFrame:
-    """The simulator's records of ``replay``'s requests sent at their real send times."""
+        return float("nan"), float("nan"), None
     requests = at_send_times(replay.requests, replay.outcome.records)
-    return build(scenario, requests=requests, coefficients=coefficients).run().records
-
-
-def _errors_of(measured: pd.DataFrame, simulated: pd.DataFrame) -> tuple[float, float]:
-    """Simulated over measured mean TTFT and E2E, less 1, over the requests ok in both."""
+    simulated = build(scenario, requests=requests, coefficients=coefficients).run().records
     both = measured.merge(
         simulated[simulated["status"].astype(str) == "ok"][["request_id", "ttft_s", "e2e_s"]],
         on="request_id",
         suffixes=("", "_sim"),
     )
     if both.empty:
-        return float("nan"), float("nan")
+        return float("nan"), float("nan"), simulated
     return (
         float(both["ttft_s_sim"].mean() / both["ttft_s"].mean() - 1.0),
         float(both["e2e_s_sim"].mean() / both["e2e_s"].mean() - 1.0),
+        simulated,
     )
 
 
@@ -654,13 +651,9 @@ def fit_loaded(
         }
         entry["server_ttft"] = outcome.server_ttft
         for label, fitted in (("isolated_fit", isolated_coefficients), ("joint_fit", coefficients)):
-            measured = usable_records(outcome.records)
-            ttft = e2e = float("nan")
-            if not measured.empty:
-                simulated = _simulated(scenario, replay, fitted)
-                ttft, e2e = _errors_of(measured, simulated)
-                if label == "joint_fit":
-                    entry["simulated_ttft"] = ttft_parts(simulated, fitted.frontend_overhead_s)
+            ttft, e2e, simulated = _simulated_errors(scenario, replay, fitted)
+            if label == "joint_fit" and simulated is not None:
+                entry["simulated_ttft"] = ttft_parts(simulated, fitted.frontend_overhead_s)
             entry[label] = {
                 "step_relative_error_mean": _finite_or_none(_step_error(fitted, replay.steps)),
                 "ttft_mean_error": _finite_or_none(ttft),
@@ -707,20 +700,7 @@ def live_runner(target: Target, vocab_size: int, salt: int) -> Runner:
             else pd.DataFrame(columns=["request_id", "token_index", "time_s"]),
             server_steps=iteration.count if iteration is not None and iteration.count else None,
             server_tokens=iteration.sum if iteration is not None and iteration.count else None,
-            server_ttft=_server_ttft(result.metrics),
+            server_ttft=result.metrics.ttft_parts() if result.metrics is not None else None,
         )
 
     return run
-
-
-def _server_ttft(metrics: MetricsDelta | None) -> dict[str, float] | None:
-    """vLLM's mean TTFT and its parts (:func:`ttft_parts` names them) from a replay's
-    /metrics delta; None where the server did not expose the phase histograms."""
-    if metrics is None or math.isnan(metrics.ttft_outside_engine_s):
-        return None
-    return {
-        "ttft": metrics.ttft.mean,
-        "outside_engine": metrics.ttft_outside_engine_s,
-        "queue": metrics.queue_time.mean,
-        "prefill": metrics.prefill_time.mean,
-    }

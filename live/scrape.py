@@ -194,6 +194,20 @@ class MetricsDelta:
             return math.nan
         return self.ttft.mean - self.queue_time.mean - self.prefill_time.mean
 
+    def ttft_parts(self) -> dict[str, float] | None:
+        """vLLM's mean TTFT and its parts in seconds: ``ttft = outside_engine + queue +
+        prefill`` (the names calibration.loaded.ttft_parts gives a simulated run's); None
+        where the server did not expose the phase histograms."""
+        outside = self.ttft_outside_engine_s
+        if math.isnan(outside):
+            return None
+        return {
+            "ttft": self.ttft.mean,
+            "outside_engine": outside,
+            "queue": self.queue_time.mean,
+            "prefill": self.prefill_time.mean,
+        }
+
     @property
     def prefix_cache_hit_rate(self) -> float:
         """Hit tokens over queried tokens; NaN when nothing was queried."""

@@ -179,7 +179,7 @@ def test_counter_going_down_means_a_restart(
         metrics_delta(after, before)
 
 
-def _phases(ttft_sum: float, queue_sum: float, prefill_sum: float) -> MetricsSnapshot:
+def _phases(count: float, ttft_sum: float, queue_sum: float, prefill_sum: float) -> MetricsSnapshot:
     lines = []
     for name, total in (
         ("vllm:time_to_first_token_seconds", ttft_sum),
@@ -188,20 +188,21 @@ def _phases(ttft_sum: float, queue_sum: float, prefill_sum: float) -> MetricsSna
     ):
         lines += [
             f"# TYPE {name} histogram",
-            f'{name}_bucket{{engine="0",le="+Inf",model_name="tiny"}} 2.0',
-            f'{name}_count{{engine="0",model_name="tiny"}} 2.0',
+            f'{name}_bucket{{engine="0",le="+Inf",model_name="tiny"}} {count}',
+            f'{name}_count{{engine="0",model_name="tiny"}} {count}',
             f'{name}_sum{{engine="0",model_name="tiny"}} {total}',
         ]
-    count = 2.0 if ttft_sum else 0.0
-    text = "\n".join(lines).replace("} 2.0", f"}} {count}")
-    return MetricsSnapshot(parse_metrics(text + "\n"), time_s=0.0)
+    return MetricsSnapshot(parse_metrics("\n".join(lines) + "\n"), time_s=0.0)
 
 
 def test_ttft_outside_the_engine_is_what_queue_and_prefill_leave() -> None:
     # Two requests: TTFT 25 ms on average, of which 1 ms queued and 15 ms in prefill.
-    delta = metrics_delta(_phases(0.0, 0.0, 0.0), _phases(0.05, 0.002, 0.03))
+    delta = metrics_delta(_phases(0, 0.0, 0.0, 0.0), _phases(2, 0.05, 0.002, 0.03))
     assert delta.prefill_time.count == 2.0
     assert delta.ttft_outside_engine_s == pytest.approx(0.025 - 0.001 - 0.015)
+    parts = delta.ttft_parts()
+    assert parts is not None
+    assert parts["outside_engine"] + parts["queue"] + parts["prefill"] == pytest.approx(0.025)
     assert json.loads(json.dumps(delta.as_dict()))["ttft_outside_engine_s"] == pytest.approx(0.009)
 
 
@@ -211,3 +212,4 @@ def test_ttft_outside_the_engine_needs_the_phase_histograms(
     delta = metrics_delta(before, after)  # vLLM's TTFT but no queue or prefill histogram
     assert math.isnan(delta.ttft_outside_engine_s)
     assert delta.as_dict()["ttft_outside_engine_s"] is None
+    assert delta.ttft_parts() is None
