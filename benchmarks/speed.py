@@ -77,7 +77,12 @@ def measure(name: str, scale: float, fast_forward: bool, stream: bool = False) -
         wall = time.perf_counter() - started
         # The run's own peak, before a streamed run's file is read back whole for the digest.
         peak_rss_gb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6
+        samples = len(result.timeseries)
         if stream:
+            import pyarrow.parquet as pq
+
+            # Every sample the run took went to the file as it was taken.
+            samples = pq.ParquetFile(Path(out) / "timeseries.parquet").metadata.num_rows
             records = pd.read_parquet(Path(out) / "records.parquet")
             records = records.sort_values("request_id").reset_index(drop=True)
         else:
@@ -94,6 +99,7 @@ def measure(name: str, scale: float, fast_forward: bool, stream: bool = False) -
         "steps_per_s": steps / wall,
         "us_per_step": wall / steps * 1e6 if steps else float("nan"),
         "peak_rss_gb": peak_rss_gb,
+        "samples": samples,
         "digest": digest[:12],
     }
 
@@ -174,7 +180,7 @@ def run_all(
     """The table: each scenario in each mode, side by side."""
     header = (
         "scenario", "mode", "requests", "wall s", "sim s/wall s", "req/s", "steps/s",
-        "us/step", "peak RSS GB", "speed-up", "same records",
+        "us/step", "peak RSS GB", "samples", "speed-up", "same records",
     )  # fmt: skip
     print("".join(f"{h:>15}" if h == "mode" else f"{h:>13}" for h in header))
     for name in names:
@@ -194,7 +200,7 @@ def run_all(
                 f"{name:>13}{mode:>15}{m['requests']:>13,.0f}{m['wall_s']:>13.2f}"
                 f"{m['sim_per_wall']:>13.0f}{m['requests_per_s']:>13,.0f}"
                 f"{m['steps_per_s']:>13,.0f}{m['us_per_step']:>13.1f}{m['peak_rss_gb']:>13.2f}"
-                f"{speed_up:>13}{same:>13}"
+                f"{m['samples']:>13,}{speed_up:>13}{same:>13}"
             )
         if not native["compiled"]:
             print(f"{'':>13}(no compiled engine: `make native` builds it)")

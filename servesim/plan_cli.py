@@ -31,8 +31,9 @@ def sweep(
         Path | None,
         typer.Option(
             "--records",
-            help="each worker streams its run's records to DIR/run-NNNN/records.parquet "
-            "(on a Ray cluster: a directory every node can write)",
+            help="each worker streams its run's records and time series to "
+            "DIR/run-NNNN/{records,timeseries}.parquet (on a Ray cluster: a directory every "
+            "node can write)",
         ),
     ] = None,
 ) -> None:

@@ -75,9 +75,10 @@ def summary_or_error(
     """Validate and simulate a scenario dict: ``(summary, "")``, or ``({}, why it cannot run)``
     (its validation problems, or the impossible setup ``build`` reports).
 
-    Only the summary is kept: with ``records_dir`` the records are streamed there
-    (``records.parquet``), and a run of more than :data:`STREAM_ABOVE` requests streams them
-    anyway (nowhere without ``records_dir``), so its memory stays flat."""
+    Only the summary is kept: with ``records_dir`` the records and the time series are
+    streamed there (``records.parquet``, ``timeseries.parquet``), and a run of more than
+    :data:`STREAM_ABOVE` requests streams its records anyway (nowhere without
+    ``records_dir``), so its memory stays flat."""
     try:
         simulation = build(parse_scenario(data, source))
         stream = records_dir is not None or len(simulation.requests) > STREAM_ABOVE

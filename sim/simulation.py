@@ -39,19 +39,21 @@ from sim.fleet.autoscaler import Autoscaler, AutoscalerConfig
 from sim.fleet.disagg import DisaggConfig, DisaggregatedFleet
 from sim.fleet.pool import EngineFactory, Fleet, HardwareOf
 from sim.fleet.router import Router
-from sim.fleet.timeseries import TIMESERIES_COLUMNS
+from sim.fleet.timeseries import MAX_KEPT
 from sim.report import sketch
 from sim.report.cost import cost_summary
 from sim.report.fleet import fleet_summary
-from sim.report.outputs import write_outputs
+from sim.report.outputs import TableWriter, write_outputs
 from sim.report.record_sink import KeptRecords, StreamedRecords
 from sim.report.sketch import Values
 from sim.report.stability import stability
 from sim.report.summary import PERCENTILES, SLO, PrefixCacheCounts, RecordStats, RunFacts
 from sim.workload.generate import SyntheticRequests
 
-#: The most time-series rows a run samples over its arrivals (the interval grows to fit).
-MAX_SAMPLES = 200_000
+#: The most samples a run that writes no time-series file takes over its arrivals (the
+#: interval grows to fit). Its series keeps up to twice that (sim/fleet/timeseries.py), which
+#: leaves room for the samples after the last arrival before it would merge rows.
+MAX_SAMPLES = MAX_KEPT // 2
 
 
 class RecordsStreamedError(RuntimeError):
@@ -62,13 +64,16 @@ class RecordsStreamedError(RuntimeError):
 class SimResult:
     """What a run produced. A streamed run (``Simulation.run(stream=True)``) keeps no records
     table: they are in ``records_path`` (None if they went nowhere) and :attr:`records`
-    raises."""
+    raises. ``timeseries`` is the kept copy of the samples (every one unless there were more
+    than sim/fleet/timeseries.py's MAX_KEPT); a run given an ``out_dir`` wrote every sample
+    to ``timeseries_path`` as it took them."""
 
     records_table: pd.DataFrame | None
     timeseries: pd.DataFrame
     summary: dict[str, Any]
     token_times: pd.DataFrame | None = None
     records_path: Path | None = None
+    timeseries_path: Path | None = None
 
     @property
     def records(self) -> pd.DataFrame:
@@ -80,13 +85,23 @@ class SimResult:
 
     def write(self, out_dir: str | Path, fmt: Literal["parquet", "csv"] = "parquet") -> list[Path]:
         """Write records, time series (Parquet or CSV) and ``summary.json``; return the paths.
-        A streamed run's records are already written: only the others are."""
-        tables = {"timeseries": self.timeseries}
+        A streamed run's records are already written, and a time series the run wrote to
+        ``out_dir`` as it sampled is only listed."""
+        tables: dict[str, pd.DataFrame] = {}
         if self.records_table is not None:
-            tables = {"records": self.records_table, **tables}
+            tables["records"] = self.records_table
+        sampled = self.timeseries_path
+        written_already = (
+            sampled is not None
+            and sampled.suffix == f".{fmt}"
+            and sampled.parent.resolve() == Path(out_dir).resolve()
+        )
+        if not written_already:
+            tables["timeseries"] = self.timeseries
         if self.token_times is not None:
             tables["token_times"] = self.token_times
-        return write_outputs(out_dir, tables, {"summary": self.summary}, fmt)
+        paths = write_outputs(out_dir, tables, {"summary": self.summary}, fmt)
+        return [sampled, *paths] if written_already and sampled is not None else paths
 
 
 class Simulation:
@@ -213,13 +228,21 @@ class Simulation:
         With ``stream``, records are not kept: they go to ``out_dir``'s ``records.<fmt>`` in
         chunks as requests end (nowhere without ``out_dir``), and the summary's percentiles
         come from them (exact up to a million values, a t-digest past that), so memory does
-        not grow with the number of requests (:mod:`sim.report.record_sink`)."""
+        not grow with the number of requests (:mod:`sim.report.record_sink`).
+
+        With ``out_dir``, every time-series sample goes to its ``timeseries.<fmt>`` as it is
+        taken, at the configured interval however long the run; the result keeps at most
+        MAX_SAMPLES rows of it (:class:`~sim.fleet.timeseries.SampledSeries`)."""
         if self._ran:
             raise RuntimeError("a Simulation runs once; build() a new one to run again")
         self._ran = True
         started = time.perf_counter()
         state = _Run(self, progress)
         self.fleet = state.fleet
+        series_writer = None
+        if out_dir is not None:
+            series_writer = TableWriter(Path(out_dir) / f"timeseries.{fmt}", fmt)
+            state.fleet.series.writer = series_writer
         itl = Values(sketch.EXACT_LIMIT if stream else None)
         if stream:
             state.finished = StreamedRecords(
@@ -229,7 +252,11 @@ class Simulation:
         wall_s = time.perf_counter() - started
         if progress is not None:
             progress(state.num_finished, state.num_requests)
-        return self._result(state, wall_s, itl)
+        result = self._result(state, wall_s, itl)
+        if series_writer is not None:
+            state.fleet.series.flush()
+            result.timeseries_path = series_writer.close()
+        return result
 
     def _result(self, state: _Run, wall_s: float, itl: Values) -> SimResult:
         """Records, time series and summary of a finished run."""
@@ -260,7 +287,7 @@ class Simulation:
             busy_s=totals.busy_s / len(replicas),
             wall_s=wall_s,
             simulated_s=float(env.now),
-            num_events=sum(r.num_steps for r in replicas) + state.num_requests + len(fleet.rows),
+            num_events=sum(r.num_steps for r in replicas) + state.num_requests + fleet.series.count,
         )
         summary = stats.summary(itl=itl, facts=facts, percentiles=self.percentiles)
         summary["sim"]["fast_forwarded_steps"] = sum(r.num_fast_forwarded_steps for r in replicas)
@@ -274,7 +301,7 @@ class Simulation:
         section = fleet_summary(fleet, state.scaler, float(env.now))
         if section is not None:
             summary["fleet"] = section
-        timeseries = pd.DataFrame(fleet.rows, columns=list(TIMESERIES_COLUMNS))
+        timeseries = fleet.series.frame()
         envelope = _envelope_section(replicas)
         if envelope is not None:
             summary["calibration_envelope"] = envelope
@@ -484,16 +511,18 @@ class _Run:
             self.stopped.succeed()
 
     def sample_interval_s(self) -> float:
-        """The configured interval, stretched so the arrivals span at most MAX_SAMPLES."""
+        """The configured interval; in a run that writes no time-series file, stretched so the
+        arrivals span at most MAX_SAMPLES (it would keep no more rows)."""
         interval_s = self.simulation.sample_interval_s
         last_root = self.last_root_s
-        if last_root / interval_s > MAX_SAMPLES:
+        if self.fleet.series.writer is None and last_root / interval_s > MAX_SAMPLES:
             # A trace spanning months sampled every second would be millions of idle rows.
             stretched = last_root / MAX_SAMPLES
             warnings.warn(
                 f"output.sample_interval_s: {interval_s:g} s over "
                 f"{last_root:,.0f} s of arrivals would be more than {MAX_SAMPLES:,} samples; "
-                f"sampling every {stretched:,.3g} s instead",
+                f"sampling every {stretched:,.3g} s instead (a run with an output directory "
+                "writes every sample)",
                 stacklevel=4,
             )
             return stretched
@@ -505,7 +534,7 @@ class _Run:
         while True:
             yield env.timeout(interval_s)
             fleet.sample(env.now, self.num_finished, self.num_ok)
-            waiting = int(fleet.rows[-1].num_requests_waiting)
+            waiting = int(fleet.series.last.num_requests_waiting)
             if limit is not None and waiting > limit:
                 self.stop(
                     f"{waiting:,} requests waiting (simulator.max_waiting_requests={limit:,})"
@@ -544,7 +573,7 @@ class _Run:
             gc.set_threshold(*threshold)
         if self.stop_reason:
             self.cancel_the_rest()
-        if fleet.rows[-1].time_s < env.now:
+        if fleet.series.last.time_s < env.now:
             fleet.sample(env.now, self.num_finished, self.num_ok)  # the final partial interval
         # What released requests is done with: drop its indexes before the records become a
         # table (a big run's peak memory is there).

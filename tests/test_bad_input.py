@@ -22,6 +22,7 @@ from servesim.cli import app
 from sim.engine.request import RequestStatus
 from sim.run import build
 from sim.scenario import ScenarioError, parse_scenario
+from sim.simulation import MAX_SAMPLES
 from tests.factories import scenario_dict
 from tests.test_invariants import check_invariants, time_limit
 
@@ -391,6 +392,6 @@ def test_a_long_span_sampled_finely_stretches_the_interval_with_a_warning() -> N
     with pytest.warns(UserWarning, match="output.sample_interval_s"):
         result = build(parse_scenario(data)).run()
     times = result.timeseries["time_s"]
-    assert times.diff().iloc[1] == pytest.approx(500 / 200_000)  # the last arrival at 500 s
-    assert len(times) <= 200_000 + 100  # and a few while the last request finishes
+    assert times.diff().iloc[1] == pytest.approx(500 / MAX_SAMPLES)  # the last arrival at 500 s
+    assert len(times) <= MAX_SAMPLES + 100  # and a few while the last request finishes
     assert (result.records["status"] == "ok").all()

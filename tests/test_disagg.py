@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
 import pytest
 
 from sim.run import build
@@ -84,8 +83,8 @@ def test_kv_is_held_at_both_ends_while_in_flight() -> None:
     simulation = build(parse_scenario(data))
     result = simulation.run()
     fleet = simulation.fleet
-    prefill_kv = np.array([row[3] for row in fleet.prefill.rows])
-    decode_kv = np.array([row[3] for row in fleet.decode.rows])
+    prefill_kv = fleet.prefill.series.frame()["kv_cache_usage"].to_numpy()
+    decode_kv = fleet.decode.series.frame()["kv_cache_usage"].to_numpy()
     both = (prefill_kv > 0) & (decode_kv > 0)
     transfer = 0.0005 + 4000 * 131_072 / 1e9  # 0.52 s
     assert both.sum() * 0.001 == pytest.approx(transfer, abs=0.01)

@@ -27,7 +27,7 @@ from sim.engine.request import Record, Request, RequestStatus
 from sim.engine.sequence import Sequence
 from sim.fleet.pool import EngineFactory, Fleet, FleetReplica, HardwareOf, _Totals
 from sim.fleet.router import Router
-from sim.fleet.timeseries import Sample
+from sim.fleet.timeseries import Sample, SampledSeries
 
 
 @dataclass(frozen=True)
@@ -91,7 +91,7 @@ class DisaggregatedFleet:
         # Prefill replicas holding a request's KV that no decode replica has admitted yet.
         self._unsent: dict[int, FleetReplica] = {}
         self.transfer_s: list[float] = []
-        self._rows: list[Sample] = []
+        self.series = SampledSeries()  # fleet-wide; each pool keeps its own too
 
     @property
     def replicas(self) -> list[FleetReplica]:
@@ -171,9 +171,9 @@ class DisaggregatedFleet:
         """One row over both pools: sums, KV use and busy fraction averaged over replicas."""
         self.prefill.sample(now, num_finished, num_ok)
         self.decode.sample(now, num_finished, num_ok)
-        p, d = self.prefill.rows[-1], self.decode.rows[-1]
+        p, d = self.prefill.series.last, self.decode.series.last
         n_p, n_d = max(1.0, p.num_replicas), max(1.0, d.num_replicas)
-        self._rows.append(
+        self.series.add(
             Sample(
                 time_s=now,
                 num_requests_waiting=p.num_requests_waiting + d.num_requests_waiting,
@@ -192,11 +192,6 @@ class DisaggregatedFleet:
                 cost_usd_per_hour=p.cost_usd_per_hour + d.cost_usd_per_hour,
             )
         )
-
-    @property
-    def rows(self) -> list[Sample]:
-        """The fleet-wide time series, one :class:`Sample` per sampling instant."""
-        return self._rows
 
     def replica_summary(self, end_s: float) -> list[dict[str, Any]]:
         rows = []

@@ -28,7 +28,7 @@ from sim.engine.request import (
 )
 from sim.engine.scheduler import Scheduler
 from sim.fleet.router import Router
-from sim.fleet.timeseries import Sample
+from sim.fleet.timeseries import Sample, SampledSeries
 
 #: The most keyed prefixes whose keys a fleet keeps (a trace may have many distinct ones).
 PREFIX_KEYS_CACHED = 4096
@@ -133,7 +133,7 @@ class Fleet:
         self.id_offset = id_offset  # replica ids start here (a second pool numbers on)
         self.hardware = hardware or (lambda i: ReplicaHardware())
         self.replicas: list[FleetReplica] = []
-        self._rows: list[Sample] = []
+        self.series = SampledSeries()  # the pool's samples (the run may give it a writer)
         self._last = (0.0, _Totals())
         self._pending: list[tuple[Request, Record, dict[str, Any]]] = []
         self._accepting_cache: list[FleetReplica] | None = None
@@ -312,7 +312,7 @@ class Fleet:
         return totals
 
     def sample(self, now: float, num_finished: int, num_ok: int) -> None:
-        """Append one time-series row; rates and the hit rate are over the last interval."""
+        """Add one sample to :attr:`series`; rates and the hit rate are over the last interval."""
         last_t, last = self._last
         totals = self.totals()
         live = [r for r in self.replicas if r.ready and r.stopped_s is None]
@@ -324,7 +324,7 @@ class Fleet:
         def per_s(x: float) -> float:
             return x / dt if dt > 0 else 0.0
 
-        self._rows.append(
+        self.series.add(
             Sample(
                 time_s=now,
                 num_requests_waiting=sum(r.num_waiting for r in self.replicas) + len(self._pending),
@@ -354,11 +354,6 @@ class Fleet:
                     return math.nan
                 total += price * replica.hardware.num_gpus
         return total
-
-    @property
-    def rows(self) -> list[Sample]:
-        """The time series so far, one :class:`Sample` per sampling instant."""
-        return self._rows
 
     def replica_summary(self, end_s: float) -> list[dict[str, Any]]:
         """Per replica: requests routed, hit rate, busy fraction of its lifetime, preemptions."""

@@ -179,9 +179,10 @@ def run_sweep(
     """Every run of the sweep, as one table in the sweep's order; ``progress(done, total)``
     after each run.
 
-    With ``records_dir``, each worker streams its run's records to
-    ``records_dir/run-NNNN/records.parquet`` (NNNN: the run's place in the sweep; on a Ray
-    cluster, a directory every node can write), and the table's ``records`` column names it.
+    With ``records_dir``, each worker streams its run's records and time series to
+    ``records_dir/run-NNNN/records.parquet`` and ``timeseries.parquet`` (NNNN: the run's place
+    in the sweep; on a Ray cluster, a directory every node can write), and the table's
+    ``records`` column names the directory.
     """
     if records_dir is not None:
         runs = tuple(

@@ -43,9 +43,7 @@ def fleet_summary(
             "metric": scaler.config.metric,
             "target": scaler.config.target,
             "startup_s": scaler.config.startup_s,
-            "max_replicas_reached": max(
-                int(row.num_replicas + row.num_replicas_starting) for row in fleet.rows
-            ),
+            "max_replicas_reached": fleet.series.peak_replicas,
             "events": [asdict(event) for event in scaler.events],
         }
     return section
