@@ -78,7 +78,8 @@ def test_a_long_series_merges_rows_and_keeps_tokens_gauges_and_the_peak(count: i
     at = every.set_index("time_s").loc[kept["time_s"]]
     for column in ("num_requests_waiting", "kv_cache_usage", "num_ok", "cost_usd_per_hour"):
         assert (at[column].to_numpy() == kept[column].to_numpy()).all()
-    assert series.peak_replicas == int((every["num_replicas"] + every["num_replicas_starting"]).max())
+    replicas = every["num_replicas"] + every["num_replicas_starting"]
+    assert series.peak_replicas == int(replicas.max())
 
 
 def test_merging_averages_interval_columns_by_time_and_takes_the_last_gauges() -> None:
