@@ -66,7 +66,7 @@ from sim.build.engines import memory_plan, pool_scenario
 from sim.catalog.hardware import GPU_CATALOG
 from sim.catalog.models import MODEL_CATALOG
 from sim.engine.request import RequestStatus
-from sim.engine.scheduler import StaticBatchScheduler
+from sim.engine.static_batch import StaticBatchScheduler
 from sim.reference import reference_scenario
 from sim.run import Simulation, build
 from sim.scenario import PoolSpec, Scenario, default_scenario_text

@@ -28,6 +28,7 @@ MODULES = (
     "sim/engine/request.py",
     "sim/engine/scheduler.py",
     "sim/engine/sequence.py",
+    "sim/engine/static_batch.py",
     "sim/fleet/pool.py",
     "sim/fleet/router.py",
 )

@@ -27,8 +27,8 @@ from sim.engine.scheduler import (
     ReplicaOptions,
     Scheduler,
     SchedulerConfig,
-    StaticBatchScheduler,
 )
+from sim.engine.static_batch import StaticBatchScheduler
 from sim.fleet.pool import EngineFactory, ReplicaHardware
 from sim.scenario import (
     ConstantLatencySpec,
