@@ -1,0 +1,221 @@
+"""Does an engine step cost the same whatever came before and beside it? One prompt, timed
+alone after the engine idled for different times and beside running decodes, on one
+vLLM-CPU server, in interleaved rounds.
+
+The step model prices a step by what it computes: a prompt's step is the same after an idle
+engine as in a busy one, and a prompt beside ``B`` decodes costs the prompt plus the decodes.
+On the 3M tiny model the loaded replays' prefills came out 25–30% longer than the fit predicts
+(README, "Calibrate, then validate"), and one-off measurements hinted at both assumptions
+failing. This measures them with repetitions, side by side:
+
+* ``alone, idle X``: the prompt (``max_tokens=2``) sent ``X`` seconds after the previous probe
+  ended (and a /metrics scrape, a few ms, so "idle 0" is an engine idle for those). vLLM's own
+  ``request_prefill_time`` (scheduled to first token, scraped around the request) and the
+  client's TTFT.
+* ``beside B``: ``B`` requests decoding (64-token prompts), then the prompt. The step that
+  carries it is the longest gap in the decodes' streams around its first token
+  (``calibration.measure_extract.mixed_step``, as the calibration reads mixed points); the
+  decodes' ordinary step before it is their median gap. ``mixed − decode`` is what the prompt
+  added to a busy step.
+
+Each round runs every probe once, in a shuffled order (seeded), so the machine's drift falls
+on all of them alike. Prints per probe the median and the interquartile range over rounds, and
+the ratios that answer the question: ``alone idle X / alone idle 0`` (the cost of a cold
+engine) and ``(mixed − decode) / alone idle 0`` per ``B`` (what the decodes beside a prompt
+add beyond their own step).
+
+Run: ``.venv/bin/python benchmarks/step_context.py [--model 3m|85m] [--prompt 1024] [--rounds 10]``
+(a minute to start the server, then about a second a probe on the 3M model).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import httpx
+import numpy as np
+from fidelity import ENGINE, MODEL_85M  # the fidelity benchmark's server and model
+
+from calibration.measure_extract import mixed_step
+from live.client import StreamResult, stream_completion
+from live.scrape import metrics_delta, scrape
+from live.server import VLLMServer
+from live.tiny_model import TinyModelSpec, ensure_tiny_model
+from live.tokens import PromptTokens
+from sim.engine.request import RequestStatus
+
+IDLE_S = (0.0, 0.05, 0.5)
+BESIDE = (1, 4, 8)
+DECODE_CONTEXT = 64
+DECODE_TOKENS = 48
+#: Arrivals each decode stream shows before the prompt is sent (steady decoding by then).
+WARM_ARRIVALS = 4
+
+
+class _CountingClock:
+    """``time.perf_counter`` that sets ``ready`` once it has been read ``calls`` times (one read
+    when the request is sent, then one per arrival of bytes)."""
+
+    def __init__(self, calls: int) -> None:
+        self.calls, self.wanted = 0, calls
+        self.ready = asyncio.Event()
+
+    def __call__(self) -> float:
+        self.calls += 1
+        if self.calls >= self.wanted:
+            self.ready.set()
+        return time.perf_counter()
+
+
+class Probe:
+    """Sends the probes to one server; every prompt is fresh (no prefix-cache hit)."""
+
+    def __init__(self, url: str, model: str, vocab: int, prompt_tokens: int) -> None:
+        self.url, self.model = url, model
+        self.tokens = PromptTokens(vocab)
+        self.prompt_tokens = prompt_tokens
+        self.next_source = 1
+
+    def prompt(self, length: int) -> list[int]:
+        self.next_source += 1
+        return self.tokens.stream(self.next_source, length)
+
+    async def send(
+        self,
+        client: httpx.AsyncClient,
+        prompt: list[int],
+        max_tokens: int,
+        clock: Callable[[], float] = time.perf_counter,
+    ) -> StreamResult:
+        result = await stream_completion(
+            client, self.url, self.model, prompt, max_tokens, timeout_s=300, clock=clock
+        )
+        if result.status is not RequestStatus.OK:
+            raise RuntimeError(f"a probe failed: {result.status.name}: {result.error}")
+        return result
+
+    async def alone(self, client: httpx.AsyncClient, idle_s: float) -> dict[str, float]:
+        """The prompt alone after ``idle_s`` of an idle engine."""
+        before = scrape(self.url)
+        await asyncio.sleep(idle_s)
+        result = await self.send(client, self.prompt(self.prompt_tokens), 2)
+        prefill = metrics_delta(before, scrape(self.url)).prefill_time
+        for _ in range(10):  # the server may count the request just after the stream ends
+            if prefill.count:
+                break
+            await asyncio.sleep(0.01)
+            prefill = metrics_delta(before, scrape(self.url)).prefill_time
+        return {
+            "ttft": result.token_times_s[0] - result.send_s,
+            "prefill": prefill.sum if prefill.count == 1 else np.nan,
+        }
+
+    async def beside(self, client: httpx.AsyncClient, batch: int) -> dict[str, float]:
+        """The prompt sent while ``batch`` requests decode."""
+        clocks = [_CountingClock(1 + WARM_ARRIVALS) for _ in range(batch)]
+        tasks = [
+            asyncio.create_task(
+                self.send(client, self.prompt(DECODE_CONTEXT), DECODE_TOKENS, clock=clocks[i])
+            )
+            for i in range(batch)
+        ]
+        await asyncio.gather(*(c.ready.wait() for c in clocks))
+        prefill = await self.send(client, self.prompt(self.prompt_tokens), 2)
+        decodes = list(await asyncio.gather(*tasks))
+        step = mixed_step(decodes, prefill, DECODE_CONTEXT)
+        before = [np.diff([t for t in d.token_times_s if t < prefill.send_s]) for d in decodes]
+        ordinary = float(np.median(np.concatenate(before))) if before else np.nan
+        mixed = step.step_s if step is not None else np.nan
+        return {
+            "ttft": prefill.token_times_s[0] - prefill.send_s,
+            "decode": ordinary,
+            "mixed": mixed,
+            "added": mixed - ordinary,
+        }
+
+
+async def run_rounds(probe: Probe, rounds: int, seed: int) -> dict[str, list[dict[str, float]]]:
+    names = [f"alone, idle {s:g} s" for s in IDLE_S] + [f"beside {b}" for b in BESIDE]
+    results: dict[str, list[dict[str, float]]] = {name: [] for name in names}
+    rng = np.random.default_rng(seed)
+    limits = httpx.Limits(max_connections=64, max_keepalive_connections=64)
+    async with httpx.AsyncClient(limits=limits, timeout=300) as client:
+        await probe.send(client, probe.prompt(probe.prompt_tokens), 2)  # warm-up
+        for _ in range(rounds):
+            for i in rng.permutation(len(names)):
+                name = names[i]
+                if name.startswith("alone"):
+                    measured = await probe.alone(client, IDLE_S[i])
+                else:
+                    measured = await probe.beside(client, BESIDE[i - len(IDLE_S)])
+                results[name].append(measured)
+    return results
+
+
+def _ms(values: list[float]) -> str:
+    """Median [quartiles] in ms of the finite values."""
+    finite = np.array([v for v in values if np.isfinite(v)]) * 1e3
+    if not finite.size:
+        return "—"
+    q1, q2, q3 = np.percentile(finite, [25, 50, 75])
+    return f"{q2:6.1f} [{q1:5.1f}, {q3:5.1f}]"
+
+
+def _median(rows: list[dict[str, float]], key: str) -> float:
+    values = [r[key] for r in rows if np.isfinite(r[key])]
+    return float(np.median(values)) if values else float("nan")
+
+
+def report(results: dict[str, list[dict[str, float]]]) -> None:
+    print(f"{'probe':<18}{'n':>3}  {'client TTFT ms':<24}{'vLLM prefill ms':<24}", end="")
+    print(f"{'decode step ms':<24}{'mixed step ms':<24}{'mixed − decode ms':<24}")
+    for name, rows in results.items():
+        cells = [_ms([r.get(k, np.nan) for r in rows]) for k in ("ttft", "prefill")]
+        cells += [_ms([r.get(k, np.nan) for r in rows]) for k in ("decode", "mixed", "added")]
+        print(f"{name:<18}{len(rows):>3}  " + "".join(f"{c:<24}" for c in cells))
+    base = _median(results[f"alone, idle {IDLE_S[0]:g} s"], "prefill")
+    base_ttft = _median(results[f"alone, idle {IDLE_S[0]:g} s"], "ttft")
+    print(f"\nratios of medians, against the prompt alone after {IDLE_S[0]:g} s idle")
+    for idle in IDLE_S[1:]:
+        rows = results[f"alone, idle {idle:g} s"]
+        print(
+            f"  alone, idle {idle:g} s: vLLM prefill ×{_median(rows, 'prefill') / base:.2f}, "
+            f"client TTFT ×{_median(rows, 'ttft') / base_ttft:.2f}"
+        )
+    for batch in BESIDE:
+        rows = results[f"beside {batch}"]
+        print(
+            f"  beside {batch}: (mixed − decode) / alone prefill "
+            f"×{_median(rows, 'added') / base:.2f}, client TTFT "
+            f"×{_median(rows, 'ttft') / base_ttft:.2f}"
+        )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", choices=("3m", "85m"), default="3m")
+    parser.add_argument("--prompt", type=int, default=1024, help="prompt tokens of the probe")
+    parser.add_argument("--rounds", type=int, default=10)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    spec = MODEL_85M if args.model == "85m" else TinyModelSpec()
+    model_dir = ensure_tiny_model(spec)
+    vocab = int(json.loads((model_dir / "config.json").read_text())["vocab_size"])
+    work = Path(tempfile.mkdtemp(prefix="servesim-step-context-"))
+    with VLLMServer(str(model_dir), ENGINE, log_path=work / "server.log") as server:
+        probe = Probe(server.url, server.model_name, vocab, args.prompt)
+        results = asyncio.run(run_rounds(probe, args.rounds, args.seed))
+    print(f"model {args.model}, prompt {args.prompt} tokens, {args.rounds} rounds, {ENGINE}")
+    report(results)
+    (work / "results.json").write_text(json.dumps(results, indent=1))
+    print(f"raw: {work / 'results.json'}")
+
+
+if __name__ == "__main__":
+    main()
