@@ -12,6 +12,10 @@ failing. This measures them with repetitions, side by side:
   ended (and a /metrics scrape, a few ms, so "idle 0" is an engine idle for those). vLLM's own
   ``request_prefill_time`` (scheduled to first token, scraped around the request) and the
   client's TTFT.
+* ``alone, new length``: the same with a prompt one token shorter each round, a step size the
+  server has never computed (the CPU backend may build kernels for a new shape on first use).
+* ``beside 1, K prompts``: the prompt's tokens as ``K`` prompts sent at once while one request
+  decodes, so one step admits them all: what a step's prompts cost beyond their tokens.
 * ``beside B``: ``B`` requests decoding (64-token prompts), then the prompt. The step that
   carries it is the longest gap in the decodes' streams around its first token
   (``calibration.measure_extract.mixed_step``, as the calibration reads mixed points); the
@@ -36,6 +40,7 @@ import json
 import tempfile
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 import httpx
@@ -51,6 +56,10 @@ from live.tokens import PromptTokens
 from sim.engine.request import RequestStatus
 
 IDLE_S = (0.0, 0.05, 0.5)
+#: The prompt alone, one token shorter each round: a length the server has not computed before.
+NEW_LENGTH = "alone, new length"
+#: The prompt's tokens split over this many prompts that one step admits together.
+SPLITS = (2, 4, 8)
 BESIDE = (1, 4, 8)
 DECODE_CONTEXT = 64
 DECODE_TOKENS = 48
@@ -100,11 +109,13 @@ class Probe:
             raise RuntimeError(f"a probe failed: {result.status.name}: {result.error}")
         return result
 
-    async def alone(self, client: httpx.AsyncClient, idle_s: float) -> dict[str, float]:
-        """The prompt alone after ``idle_s`` of an idle engine."""
+    async def alone(
+        self, client: httpx.AsyncClient, idle_s: float, length: int | None = None
+    ) -> dict[str, float]:
+        """The prompt (or one of ``length`` tokens) alone after ``idle_s`` of an idle engine."""
         before = scrape(self.url)
         await asyncio.sleep(idle_s)
-        result = await self.send(client, self.prompt(self.prompt_tokens), 2)
+        result = await self.send(client, self.prompt(length or self.prompt_tokens), 2)
         prefill = metrics_delta(before, scrape(self.url)).prefill_time
         for _ in range(10):  # the server may count the request just after the stream ends
             if prefill.count:
@@ -116,8 +127,12 @@ class Probe:
             "prefill": prefill.sum if prefill.count == 1 else np.nan,
         }
 
-    async def beside(self, client: httpx.AsyncClient, batch: int) -> dict[str, float]:
-        """The prompt sent while ``batch`` requests decode."""
+    async def beside(
+        self, client: httpx.AsyncClient, batch: int, parts: int = 1
+    ) -> dict[str, float]:
+        """The prompt sent while ``batch`` requests decode; with ``parts`` > 1, as that many
+        prompts of its length over ``parts``, sent at once (they wait for the step in
+        progress, so one step admits them all)."""
         clocks = [_CountingClock(1 + WARM_ARRIVALS) for _ in range(batch)]
         tasks = [
             asyncio.create_task(
@@ -126,14 +141,22 @@ class Probe:
             for i in range(batch)
         ]
         await asyncio.gather(*(c.ready.wait() for c in clocks))
-        prefill = await self.send(client, self.prompt(self.prompt_tokens), 2)
+        length = self.prompt_tokens // parts
+        prefills = await asyncio.gather(
+            *(self.send(client, self.prompt(length), 2) for _ in range(parts))
+        )
         decodes = list(await asyncio.gather(*tasks))
+        firsts = [p.token_times_s[0] for p in prefills]
+        prefill = max(prefills, key=lambda p: p.token_times_s[0])
+        prefill = replace(prefill, send_s=min(p.send_s for p in prefills))
         step = mixed_step(decodes, prefill, DECODE_CONTEXT)
         before = [np.diff([t for t in d.token_times_s if t < prefill.send_s]) for d in decodes]
         ordinary = float(np.median(np.concatenate(before))) if before else np.nan
         mixed = step.step_s if step is not None else np.nan
+        if max(firsts) - min(firsts) > ordinary:
+            mixed = np.nan  # the prompts' first tokens came from different steps
         return {
-            "ttft": prefill.token_times_s[0] - prefill.send_s,
+            "ttft": float(np.mean([p.token_times_s[0] - p.send_s for p in prefills])),
             "decode": ordinary,
             "mixed": mixed,
             "added": mixed - ordinary,
@@ -142,6 +165,8 @@ class Probe:
 
 async def run_rounds(probe: Probe, rounds: int, seed: int) -> dict[str, list[dict[str, float]]]:
     names = [f"alone, idle {s:g} s" for s in IDLE_S] + [f"beside {b}" for b in BESIDE]
+    names += [NEW_LENGTH, *(f"beside 1, {k} prompts" for k in SPLITS)]
+    new_lengths = iter(range(probe.prompt_tokens - 1, 0, -1))
     results: dict[str, list[dict[str, float]]] = {name: [] for name in names}
     rng = np.random.default_rng(seed)
     limits = httpx.Limits(max_connections=64, max_keepalive_connections=64)
@@ -150,10 +175,14 @@ async def run_rounds(probe: Probe, rounds: int, seed: int) -> dict[str, list[dic
         for _ in range(rounds):
             for i in rng.permutation(len(names)):
                 name = names[i]
-                if name.startswith("alone"):
+                if name == NEW_LENGTH:
+                    measured = await probe.alone(client, 0.0, next(new_lengths))
+                elif name.startswith("alone"):
                     measured = await probe.alone(client, IDLE_S[i])
+                elif name.endswith("prompts"):
+                    measured = await probe.beside(client, 1, int(name.split()[2]))
                 else:
-                    measured = await probe.beside(client, BESIDE[i - len(IDLE_S)])
+                    measured = await probe.beside(client, int(name.split()[1]))
                 results[name].append(measured)
     return results
 
@@ -187,6 +216,18 @@ def report(results: dict[str, list[dict[str, float]]]) -> None:
         print(
             f"  alone, idle {idle:g} s: vLLM prefill ×{_median(rows, 'prefill') / base:.2f}, "
             f"client TTFT ×{_median(rows, 'ttft') / base_ttft:.2f}"
+        )
+    rows = results[NEW_LENGTH]
+    print(
+        f"  {NEW_LENGTH}: vLLM prefill ×{_median(rows, 'prefill') / base:.2f}, "
+        f"client TTFT ×{_median(rows, 'ttft') / base_ttft:.2f}"
+    )
+    for parts in SPLITS:
+        rows = results[f"beside 1, {parts} prompts"]
+        one = _median(results["beside 1"], "added")
+        print(
+            f"  {parts} prompts of 1/{parts} the length, beside 1: (mixed − decode) ×"
+            f"{_median(rows, 'added') / one:.2f} of the one prompt's"
         )
     for batch in BESIDE:
         rows = results[f"beside {batch}"]
