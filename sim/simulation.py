@@ -248,7 +248,17 @@ class Simulation:
             state.finished = StreamedRecords(
                 self.slo, out_dir, fmt, on_chunk=lambda: _drain_itl(state.fleet.replicas, itl)
             )
-        state.execute()
+        try:
+            state.execute()
+        except BaseException:
+            # Interrupted (Ctrl-C, a failing callback): the files written so far end cleanly
+            # (Parquet needs its footer), with every sample and finished record they have.
+            if series_writer is not None:
+                state.fleet.series.flush()
+                series_writer.close()
+            if isinstance(state.finished, StreamedRecords):
+                state.finished.close()
+            raise
         wall_s = time.perf_counter() - started
         if progress is not None:
             progress(state.num_finished, state.num_requests)

@@ -170,3 +170,17 @@ def test_how_often_a_run_samples_does_not_change_its_records() -> None:
         frames.append(build(parse_scenario(data)).run().records)
     for frame in frames[1:]:
         pd.testing.assert_frame_equal(frame, frames[0])
+
+
+def test_an_interrupted_run_leaves_readable_files_with_what_it_had(tmp_path: Path) -> None:
+    def interrupt(done: int, total: int) -> None:
+        if done >= total // 2:
+            raise KeyboardInterrupt
+
+    simulation = build(parse_scenario(long_scenario()))
+    with pytest.raises(KeyboardInterrupt):
+        simulation.run(progress=interrupt, stream=True, out_dir=tmp_path)
+    samples = pd.read_parquet(tmp_path / "timeseries.parquet")
+    records = pd.read_parquet(tmp_path / "records.parquet")
+    assert len(samples) > 10 and samples["time_s"].is_monotonic_increasing
+    assert 0 < len(records) < 40 and (records["status"] == "ok").all()
