@@ -274,6 +274,10 @@ def _loaded_replays(
         return []
 
 
+def _times(ratio: float | None) -> str:
+    return "n/a" if ratio is None else f"{ratio:.2f}×"
+
+
 def _print_loaded(replays: list[dict[str, Any]], report: FitReport) -> None:
     """Per loaded replay: its load, the steps rebuilt, and the request-level error of the
     isolated fit beside the joint one's; then the leave-one-out errors."""
@@ -293,6 +297,17 @@ def _print_loaded(replays: list[dict[str, Any]], report: FitReport) -> None:
             f"{pct(joint['e2e_mean_error'])} (isolated points → with the loaded steps)",
             highlight=False,
         )
+        ratios = [fit.get("step_ratio_median") for fit in (isolated, joint)]
+        if all(ratios):
+            stderr.print(
+                "    steps measured / predicted (median), without a prompt and with one: "
+                + "; ".join(
+                    f"{label} {_times(r['decode'])}, {_times(r['prompt'])}"
+                    for label, r in zip(("isolated fit", "joint fit"), ratios, strict=True)
+                )
+                + f" ({ratios[0]['decode_steps']:,} and {ratios[0]['prompt_steps']:,} steps)",
+                highlight=False,
+            )
         server, simulated = replay.get("server_ttft"), replay.get("simulated_ttft")
         if server and simulated:
             stderr.print(

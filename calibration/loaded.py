@@ -472,6 +472,31 @@ def _simulated_errors(
     )
 
 
+def step_ratios(coefficients: CalibratedCoefficients, steps: RebuiltSteps) -> dict[str, Any]:
+    """Where a fit misses the loaded steps, by kind: the median of measured / predicted over
+    the rebuilt steps that carry no prompt (``decode``) and over those that carry one
+    (``prompt``), None where there are none, and how many steps each median is over."""
+    observations = steps.observations
+    carries = np.array([obs.batch.num_prefill_seqs > 0 for obs in observations], dtype=bool)
+    ratios = (
+        np.array([obs.seconds for obs in observations])
+        / predict_seconds(coefficients, observations)
+        if observations
+        else np.zeros(0)
+    )
+
+    def median(chosen: np.ndarray) -> float | None:
+        values = ratios[chosen]
+        return float(np.median(values)) if values.size else None
+
+    return {
+        "decode": median(~carries),
+        "prompt": median(carries),
+        "decode_steps": int((~carries).sum()),
+        "prompt_steps": int(carries.sum()),
+    }
+
+
 def _step_error(coefficients: CalibratedCoefficients, steps: RebuiltSteps) -> float:
     """Mean |relative error| of ``coefficients`` on rebuilt steps; NaN when there are none."""
     if not steps.observations:
@@ -656,6 +681,7 @@ def fit_loaded(
                 entry["simulated_ttft"] = ttft_parts(simulated, fitted.frontend_overhead_s)
             entry[label] = {
                 "step_relative_error_mean": _finite_or_none(_step_error(fitted, replay.steps)),
+                "step_ratio_median": step_ratios(fitted, replay.steps),
                 "ttft_mean_error": _finite_or_none(ttft),
                 "e2e_mean_error": _finite_or_none(e2e),
             }

@@ -151,6 +151,12 @@ def test_loaded_steps_pull_a_wrong_isolated_fit_to_the_server(tmp_path: Path) ->
         alone, joint = entry["isolated_fit"], entry["joint_fit"]
         assert joint["step_relative_error_mean"] < alone["step_relative_error_mean"]
         assert abs(joint["e2e_mean_error"]) < abs(alone["e2e_mean_error"])
+        # By kind of step: the isolated fit is short on the steps without a prompt (the
+        # decodes it prices 40% low), the joint fit much less so.
+        alone_ratio, joint_ratio = alone["step_ratio_median"], joint["step_ratio_median"]
+        assert alone_ratio["decode"] > 1.05
+        assert abs(joint_ratio["decode"] - 1) < abs(alone_ratio["decode"] - 1)
+        assert alone_ratio["decode_steps"] + alone_ratio["prompt_steps"] == entry["steps_rebuilt"]
         # The joint fit's TTFT split as vLLM's /metrics split it; this server has none.
         assert entry["server_ttft"] is None
         parts = entry["simulated_ttft"]
