@@ -16,6 +16,9 @@ failing. This measures them with repetitions, side by side:
   server has never computed (the CPU backend may build kernels for a new shape on first use).
 * ``beside 1, K prompts``: the prompt's tokens as ``K`` prompts sent at once while one request
   decodes, so one step admits them all: what a step's prompts cost beyond their tokens.
+* ``arrivals that wait``: every slot (``max_num_seqs``) decoding, then prompts sent 30 ms
+  apart that wait for a slot, so no step computes them: the extra time the decodes' steps take
+  while requests arrive, per arrival (the server's work to receive a request).
 * ``beside B``: ``B`` requests decoding (64-token prompts), then the prompt. The step that
   carries it is the longest gap in the decodes' streams around its first token
   (``calibration.measure_extract.mixed_step``, as the calibration reads mixed points); the
@@ -60,6 +63,10 @@ IDLE_S = (0.0, 0.05, 0.5)
 NEW_LENGTH = "alone, new length"
 #: The prompt's tokens split over this many prompts that one step admits together.
 SPLITS = (2, 4, 8)
+#: Requests that arrive while every slot decodes (they wait), and their spacing.
+WAITING = "arrivals that wait"
+ARRIVALS = 6
+ARRIVAL_SPACING_S = 0.03
 BESIDE = (1, 4, 8)
 DECODE_CONTEXT = 64
 DECODE_TOKENS = 48
@@ -162,10 +169,53 @@ class Probe:
             "added": mixed - ordinary,
         }
 
+    async def arrivals(self, client: httpx.AsyncClient, batch: int) -> dict[str, float]:
+        """``batch`` (= ``max_num_seqs``) requests decoding, then :data:`ARRIVALS` prompts
+        sent :data:`ARRIVAL_SPACING_S` apart, which wait (no slot) and so add no prompt step:
+        what receiving a request costs the steps in progress. ``decode``: the mean step
+        before the arrivals, ``mixed``: while they come, ``added``: the extra time per
+        arrival (the steps' excess over the window, over the number of arrivals)."""
+        clocks = [_CountingClock(1 + WARM_ARRIVALS) for _ in range(batch)]
+        tasks = [
+            asyncio.create_task(
+                self.send(client, self.prompt(DECODE_CONTEXT), 3 * DECODE_TOKENS, clock=clocks[i])
+            )
+            for i in range(batch)
+        ]
+        await asyncio.gather(*(c.ready.wait() for c in clocks))
+        start = time.perf_counter()
+        await asyncio.sleep(ARRIVALS * ARRIVAL_SPACING_S)  # the window before, as long
+        waiting = []
+        first = time.perf_counter()
+        for _ in range(ARRIVALS):
+            waiting.append(
+                asyncio.create_task(self.send(client, self.prompt(self.prompt_tokens), 2))
+            )
+            await asyncio.sleep(ARRIVAL_SPACING_S)
+        last = time.perf_counter()
+        decodes = list(await asyncio.gather(*tasks))
+        await asyncio.gather(*waiting)
+        ticks = np.array(decodes[0].token_times_s)
+        if ticks[-1] < last:
+            return {"ttft": np.nan, "decode": np.nan, "mixed": np.nan, "added": np.nan}
+
+        def gaps(lo: float, hi: float) -> np.ndarray:
+            inside = ticks[(ticks > lo) & (ticks <= hi)]
+            return np.diff(inside)
+
+        before, during = gaps(start, first), gaps(first, last)
+        excess = (during.mean() - before.mean()) * during.size
+        return {
+            "ttft": np.nan,
+            "decode": float(before.mean()),
+            "mixed": float(during.mean()),
+            "added": float(excess / ARRIVALS),
+        }
+
 
 async def run_rounds(probe: Probe, rounds: int, seed: int) -> dict[str, list[dict[str, float]]]:
     names = [f"alone, idle {s:g} s" for s in IDLE_S] + [f"beside {b}" for b in BESIDE]
-    names += [NEW_LENGTH, *(f"beside 1, {k} prompts" for k in SPLITS)]
+    names += [NEW_LENGTH, *(f"beside 1, {k} prompts" for k in SPLITS), WAITING]
     new_lengths = iter(range(probe.prompt_tokens - 1, 0, -1))
     results: dict[str, list[dict[str, float]]] = {name: [] for name in names}
     rng = np.random.default_rng(seed)
@@ -175,7 +225,9 @@ async def run_rounds(probe: Probe, rounds: int, seed: int) -> dict[str, list[dic
         for _ in range(rounds):
             for i in rng.permutation(len(names)):
                 name = names[i]
-                if name == NEW_LENGTH:
+                if name == WAITING:
+                    measured = await probe.arrivals(client, ENGINE.max_num_seqs)
+                elif name == NEW_LENGTH:
                     measured = await probe.alone(client, 0.0, next(new_lengths))
                 elif name.startswith("alone"):
                     measured = await probe.alone(client, IDLE_S[i])
@@ -229,6 +281,13 @@ def report(results: dict[str, list[dict[str, float]]]) -> None:
             f"  {parts} prompts of 1/{parts} the length, beside 1: (mixed − decode) ×"
             f"{_median(rows, 'added') / one:.2f} of the one prompt's"
         )
+    rows = results[WAITING]
+    print(
+        f"  {WAITING} (all {ENGINE.max_num_seqs} slots decoding): each adds "
+        f"{_median(rows, 'added') * 1e3:.2f} ms to the steps in progress (step "
+        f"{_median(rows, 'decode') * 1e3:.2f} ms before, {_median(rows, 'mixed') * 1e3:.2f} "
+        "ms while they come)"
+    )
     for batch in BESIDE:
         rows = results[f"beside {batch}"]
         print(

@@ -47,11 +47,16 @@ COEFFICIENT_NAMES: tuple[str, ...] = (
     "per_prefill_pair_s",
     "per_shared_context_token_s",
     "frontend_overhead_s",
+    "per_arrival_s",
 )
 
-#: Every coefficient a fit to records searches: the regressors' and the linear layers' floor
-#: (which a step fit sets where the data show one).
-SEARCHED_NAMES: tuple[str, ...] = (*COEFFICIENT_NAMES, "linear_floor_s")
+#: Every coefficient a fit to records searches: the regressors' (but the cost of an arrival,
+#: which only steps tell) and the linear layers' floor (which a step fit sets where the data
+#: show one).
+SEARCHED_NAMES: tuple[str, ...] = (
+    *(name for name in COEFFICIENT_NAMES if name != "per_arrival_s"),
+    "linear_floor_s",
+)
 
 #: What ``kind_code`` in a report point refers to (observation kinds, then per-request metrics).
 POINT_KINDS: tuple[str, ...] = ("prefill", "decode", "mixed", "operator", "ttft", "e2e")
@@ -65,6 +70,7 @@ _UNIDENTIFIED_REASON = {
     "per_prefill_pair_s": "no observation has prefill attention pairs",
     "per_shared_context_token_s": "no observation reads a shared prefix",
     "frontend_overhead_s": "no observation includes the server front end (client-side TTFT)",
+    "per_arrival_s": "no loaded step saw a request arrive",
 }
 
 #: At most this many per-request points go into a record fit's report (errors use all of them).
@@ -83,9 +89,14 @@ def point_kind(point: dict[str, float]) -> str:
 
 
 def design_matrix(observations: Sequence[Observation]) -> np.ndarray:
-    """One row per observation: the six step regressors and the front-end indicator."""
+    """One row per observation: the six step regressors, the front-end indicator and the
+    requests that arrived during the step."""
     rows = [
-        (*CalibratedModel.features(obs.batch), 1.0 if obs.includes_frontend else 0.0)
+        (
+            *CalibratedModel.features(obs.batch),
+            1.0 if obs.includes_frontend else 0.0,
+            float(obs.arrivals),
+        )
         for obs in observations
     ]
     return np.asarray(rows, dtype=np.float64).reshape(len(rows), len(COEFFICIENT_NAMES))
@@ -202,7 +213,7 @@ def fit_steps(
     notes = [
         f"{name} fixed at 0: {_UNIDENTIFIED_REASON[name]}"
         for index, name in enumerate(COEFFICIENT_NAMES)
-        if index not in free
+        if index not in free and name != "per_arrival_s"  # isolated points see no arrival
     ]
     if len(observations) < free.size:
         names = ", ".join(COEFFICIENT_NAMES[i] for i in free)

@@ -249,6 +249,7 @@ def run_loaded(
             outcome.records,
             outcome.token_times,
             max_num_batched_tokens=scenario.engine.max_num_batched_tokens,
+            arrival_delay_s=coefficients.frontend_overhead_s,
         )
         replay = LoadedReplay(name, directory, requests, outcome, rate, steps)
         replays.append(replay)
@@ -282,7 +283,10 @@ def replays_from_summary(
             else float(entry["server_tokens_per_step"]) * float(entry["server_steps"]),
         )
         steps = rebuild_steps(
-            outcome.records, outcome.token_times, max_num_batched_tokens=max_num_batched_tokens
+            outcome.records,
+            outcome.token_times,
+            max_num_batched_tokens=max_num_batched_tokens,
+            arrival_delay_s=float(entry.get("arrival_delay_s", 0.0)),
         )
         replays.append(LoadedReplay(entry["name"], directory, requests, outcome, rate, steps))
     return replays
@@ -521,6 +525,7 @@ def _at_streaming_cost(scenario: Scenario, replay: LoadedReplay, cost: float) ->
         max_num_batched_tokens=scenario.engine.max_num_batched_tokens,
         gap_s=replay.steps.gap_s,
         streamed_token_s=cost,
+        arrival_delay_s=replay.steps.arrival_delay_s,
     )
     return dataclasses.replace(replay, steps=steps, steps_streamed_token_s=cost)
 
@@ -666,6 +671,7 @@ def fit_loaded(
             "steps_rebuilt": len(replay.steps.observations),
             "steps_left_out": dict(replay.steps.skipped),
             "gap_s": replay.steps.gap_s,
+            "arrival_delay_s": replay.steps.arrival_delay_s,
             "rebuilt_tokens_per_step": rebuilt_tokens / len(replay.steps.observations)
             if replay.steps.observations
             else None,

@@ -24,6 +24,9 @@ class Observation:
     includes_frontend: bool = False
     weight: float = 1.0
     repetitions: int = 1
+    # Requests the server received while the step ran (a loaded step): each takes host time
+    # from the step (CalibratedCoefficients.per_arrival_s).
+    arrivals: float = 0.0
 
     def __post_init__(self) -> None:
         if not self.seconds > 0:

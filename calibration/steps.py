@@ -73,6 +73,7 @@ class RebuiltSteps:
     """The steps a run's token times tell, and how many could not be used and why."""
 
     gap_s: float = DEFAULT_GAP_S  # tokens closer together than this ended one step
+    arrival_delay_s: float = 0.0  # from a request's send to the engine's receiving it
     observations: list[Observation] = field(default_factory=list)
     num_bursts: int = 0  # token bursts: one per step that produced a token
     skipped: dict[str, int] = field(default_factory=dict)  # reason -> steps left out
@@ -104,6 +105,7 @@ def rebuild_steps(
     max_num_batched_tokens: int,
     gap_s: float | None = None,
     streamed_token_s: float = 0.0,
+    arrival_delay_s: float = 0.0,
 ) -> RebuiltSteps:
     """The engine steps between bursts of streamed tokens (see the module docstring).
 
@@ -117,14 +119,26 @@ def rebuild_steps(
     if that is not after the previous burst had left (plus ``gap_s``), the front end was still
     busy and the step's end is unknown: the steps on either side of it are left out
     ("front end busy").
+
+    Each step counts the requests the engine received while it ran (``Observation.arrivals``):
+    those whose send time (the records' ``arrival_s``) plus ``arrival_delay_s`` falls in it.
+    The simulator hands a request to the engine ``frontend_overhead_s`` after its send, so a
+    calibration passes its front end.
     """
     rows = records.set_index("request_id")[["prompt_tokens", "cached_tokens"]]
+    # When each request was sent: those sent while a step ran cost it host time.
+    sends = (
+        np.sort(records["arrival_s"].to_numpy(dtype=np.float64))
+        if "arrival_s" in records.columns
+        else np.zeros(0)
+    )
+    sends = sends[np.isfinite(sends)] + arrival_delay_s
     times = token_times.sort_values(["time_s", "request_id", "token_index"], kind="stable")
     time = times["time_s"].to_numpy(dtype=np.float64)
     gap_s = step_gap_s(time) if gap_s is None else gap_s
     if gap_s <= 0:
         raise ValueError(f"gap_s: must be > 0, got {gap_s}")
-    result = RebuiltSteps(gap_s=gap_s)
+    result = RebuiltSteps(gap_s=gap_s, arrival_delay_s=arrival_delay_s)
     if time.size == 0:
         return result
     burst_of = np.concatenate([[0], np.cumsum(np.diff(time) > gap_s)])
@@ -165,8 +179,13 @@ def rebuild_steps(
             result.skip("front end busy")  # the step before ended while it was
         else:
             assert shape is not None
+            arrived = np.searchsorted(sends, began, side="right") - np.searchsorted(
+                sends, previous_end, side="right"
+            )
             result.observations.append(
-                Observation(shape, float(began - previous_end), kind=_kind(shape))
+                Observation(
+                    shape, float(began - previous_end), kind=_kind(shape), arrivals=float(arrived)
+                )
             )
         for r in request[start:end]:
             last_burst[int(r)] = burst

@@ -25,6 +25,13 @@ class CalibratedCoefficients:
     event and writes it; a client on the same host parses it). One front-end thread serves a
     replica, so under load the tokens of a step wait for those of earlier steps (see
     :meth:`sim.engine.replica.Replica.delivered_s`). 0: tokens reach the client as the step ends.
+
+    ``per_arrival_s``: what receiving a request costs an engine that is not idle: the server's
+    host work to take it in (parse, validate, build the request, hash its blocks) shares the
+    engine's core, so the steps in progress take that much longer. A request that finds the
+    engine idle pays it in its TTFT, inside ``frontend_overhead_s`` as lone prefills measure it.
+    Measured by benchmarks/step_context.py ("arrivals that wait") and fitted from loaded steps
+    during which requests arrived. 0: arrivals cost the engine nothing.
     """
 
     step_overhead_s: float
@@ -42,6 +49,7 @@ class CalibratedCoefficients:
     # its compute-bound side). 0: the purely linear model of profiles fitted before this term.
     linear_floor_s: float = 0.0
     per_streamed_token_s: float = 0.0
+    per_arrival_s: float = 0.0
 
     def __post_init__(self) -> None:
         if self.per_shared_context_token_s is None:

@@ -144,6 +144,8 @@ class CalibratedModel:
         self.coefficients = coefficients
         # Host time per token the front end streams (not a step's time; see Replica).
         self.streamed_token_s = coefficients.per_streamed_token_s
+        # Host time taken from the engine's steps by each request it receives (see Replica).
+        self.arrival_s = coefficients.per_arrival_s
         # The largest step the calibration measured (see sim.engine.profile
         # .calibrated_envelope), and the largest this model was asked about.
         self.envelope = envelope or {}

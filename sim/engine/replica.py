@@ -16,6 +16,7 @@ engine would have; an arrival or a freed block cuts the run short after the step
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
 from typing import Any
@@ -98,14 +99,20 @@ class Replica:
         self.prompt_tokens_computed = 0
         self.output_tokens_generated = 0
         self.num_fast_forwarded_steps = 0  # steps advanced inside a run, without an event
+        # Host time each request received takes from a busy engine (a calibrated profile's
+        # per_arrival_s): the step in progress takes that much longer (between steps, or with
+        # pipeline stages, the next step).
+        self.arrival_s = float(getattr(latency_model, "arrival_s", 0.0))
         # Fast-forward needs the continuous scheduler, one step at a time and a deterministic
-        # step time (a random one would draw its samples in another order).
+        # step time (a random one would draw its samples in another order), which arrivals do
+        # not lengthen.
         self.fast_forward = (
             scheduler.options.fast_forward
             and self.pipeline_depth == 1
             and isinstance(scheduler, ContinuousBatchScheduler)
             and not scheduler.options.record_token_times
             and getattr(latency_model, "deterministic", True)
+            and self.arrival_s == 0.0
         )
         self._run: _DecodeRun | None = None
         self._wake_s = 0.0  # when the engine, in a fast-forward run, wakes next
@@ -118,6 +125,9 @@ class Replica:
         # it has sent every token handed to it so far.
         self.streamed_token_s = float(getattr(latency_model, "streamed_token_s", 0.0))
         self.frontend_free_s = 0.0
+        self._arrival_debt_s = 0.0  # arrivals' host time owed by the next step
+        self._sleeping = False  # waiting in _idle: an arrival then costs its own TTFT only
+        self._step_end_s = math.nan  # while a step runs (not a run), when it ends
         self.process = env.process(
             self._engine_loop() if self.pipeline_depth == 1 else self._pipelined_loop()
         )
@@ -146,6 +156,8 @@ class Replica:
         :class:`sim.engine.sequence.Sequence`): a remote sequence arrives with its first token.
         """
         record.replica_id = self.replica_id
+        if self.arrival_s > 0.0 and not self._sleeping:
+            self._charge_arrival()
         reason = self._rejection(request)
         if reason:
             record.status = RequestStatus.REJECTED
@@ -189,6 +201,7 @@ class Replica:
             self._cut_run(0)
         elif self._wakeup is not None and not self._wakeup.triggered:
             self._wakeup.succeed()
+            self._sleeping = False  # awake from now: a request arriving next costs its steps
 
     def _cut_run(self, steps_after: int) -> None:
         """End the fast-forward run ``steps_after`` steps after the one in progress (never
@@ -267,6 +280,9 @@ class Replica:
             self._busy = self.async_scheduling
             # A step that only preempted runs no model (vLLM skips execution): it takes no time.
             duration = step_time(plan.batch) if plan.scheduled else 0.0
+            if self._arrival_debt_s > 0.0 and plan.scheduled:
+                duration += self._arrival_debt_s
+                self._arrival_debt_s = 0.0
             self.num_steps += 1
             self.busy_s += duration
             last_start = env.now
@@ -276,21 +292,39 @@ class Replica:
                 else None
             )
             if run is None:
+                self._step_end_s = env.now + duration
                 yield env.timeout(duration)
+                self._step_end_s = math.nan
                 self._completed(plan, env.now)
             else:
                 yield from self._fast_forward(run)
                 last_start = run.times[run.end - 1]
+
+    def _charge_arrival(self) -> None:
+        """A request reached a busy engine: the step in progress ends ``arrival_s`` later (the
+        engine waits on a timeout at the new end instead), or the next step owes it."""
+        if math.isnan(self._step_end_s):
+            self._arrival_debt_s += self.arrival_s
+            return
+        self._step_end_s += self.arrival_s
+        self.busy_s += self.arrival_s
+        process = self.process
+        process.target.callbacks.remove(process._resume)
+        wake = self.env.timeout(max(0.0, self._step_end_s - self.env.now))
+        wake.callbacks.append(process._resume)
+        process._target = wake
 
     def _idle(self) -> Generator[simpy.Event, Any, None]:
         """Sleep until a request arrives, a step finishes, or the scheduler's own wake time."""
         env = self.env
         self._wakeup = env.event()
         wake_at = self.scheduler.wake_time(env.now)
+        self._sleeping = True
         if wake_at is None:
             yield self._wakeup
         else:
             yield self._wakeup | env.timeout(max(0.0, wake_at - env.now))
+        self._sleeping = False
         self._wakeup = None
 
     def delivered_s(self, now: float, tokens: int) -> float:
@@ -540,6 +574,9 @@ class Replica:
                 yield from self._idle()
                 continue
             duration = step_time(plan.batch)
+            if self._arrival_debt_s > 0.0:
+                duration += self._arrival_debt_s
+                self._arrival_debt_s = 0.0
             self.num_steps += 1
             self.busy_s += duration / depth
             for seq, _ in plan.scheduled:
