@@ -126,7 +126,6 @@ class Replica:
         self.streamed_token_s = float(getattr(latency_model, "streamed_token_s", 0.0))
         self.frontend_free_s = 0.0
         self._arrival_debt_s = 0.0  # arrivals' host time owed by the next step
-        self._sleeping = False  # waiting in _idle: an arrival then costs its own TTFT only
         self._step_end_s = math.nan  # while a step runs (not a run), when it ends
         self.process = env.process(
             self._engine_loop() if self.pipeline_depth == 1 else self._pipelined_loop()
@@ -156,7 +155,7 @@ class Replica:
         :class:`sim.engine.sequence.Sequence`): a remote sequence arrives with its first token.
         """
         record.replica_id = self.replica_id
-        if self.arrival_s > 0.0 and not self._sleeping:
+        if self.arrival_s > 0.0 and not self.sleeping:
             self._charge_arrival()
         reason = self._rejection(request)
         if reason:
@@ -201,7 +200,6 @@ class Replica:
             self._cut_run(0)
         elif self._wakeup is not None and not self._wakeup.triggered:
             self._wakeup.succeed()
-            self._sleeping = False  # awake from now: a request arriving next costs its steps
 
     def _cut_run(self, steps_after: int) -> None:
         """End the fast-forward run ``steps_after`` steps after the one in progress (never
@@ -226,13 +224,17 @@ class Replica:
         wake_s = run.times[run.end]
         if wake_s == self._wake_s:
             return
+        # Sterbenz: the difference is exact, so the event lands on times[end] itself.
+        self._resume_at(wake_s)
+        self._wake_s = wake_s
+
+    def _resume_at(self, wake_s: float) -> None:
+        """Move the timeout the engine waits on (a step, or a fast-forward run) to ``wake_s``."""
         process = self.process
         process.target.callbacks.remove(process._resume)
-        # Sterbenz: the difference is exact, so the event lands on times[end] itself.
         wake = self.env.timeout(max(0.0, wake_s - self.env.now))
         wake.callbacks.append(process._resume)
         process._target = wake
-        self._wake_s = wake_s
 
     def _admit_pending(self, last_start_s: float, everything: bool) -> None:
         """Give the scheduler the pending requests that arrived by ``last_start_s`` (the start
@@ -300,6 +302,12 @@ class Replica:
                 yield from self._fast_forward(run)
                 last_start = run.times[run.end - 1]
 
+    @property
+    def sleeping(self) -> bool:
+        """Idle, and nothing has woken it yet: a request arriving now costs its own TTFT
+        only (once woken, the next arrivals cost its steps)."""
+        return self._wakeup is not None and not self._wakeup.triggered
+
     def _charge_arrival(self) -> None:
         """A request reached a busy engine: the step in progress ends ``arrival_s`` later (the
         engine waits on a timeout at the new end instead), or the next step owes it."""
@@ -308,23 +316,17 @@ class Replica:
             return
         self._step_end_s += self.arrival_s
         self.busy_s += self.arrival_s
-        process = self.process
-        process.target.callbacks.remove(process._resume)
-        wake = self.env.timeout(max(0.0, self._step_end_s - self.env.now))
-        wake.callbacks.append(process._resume)
-        process._target = wake
+        self._resume_at(self._step_end_s)
 
     def _idle(self) -> Generator[simpy.Event, Any, None]:
         """Sleep until a request arrives, a step finishes, or the scheduler's own wake time."""
         env = self.env
         self._wakeup = env.event()
         wake_at = self.scheduler.wake_time(env.now)
-        self._sleeping = True
         if wake_at is None:
             yield self._wakeup
         else:
             yield self._wakeup | env.timeout(max(0.0, wake_at - env.now))
-        self._sleeping = False
         self._wakeup = None
 
     def delivered_s(self, now: float, tokens: int) -> float:
