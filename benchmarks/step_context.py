@@ -42,8 +42,9 @@ import asyncio
 import json
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 
 import httpx
@@ -51,6 +52,7 @@ import numpy as np
 from fidelity import ENGINE, MODEL_85M  # the fidelity benchmark's server and model
 
 from calibration.measure_extract import mixed_step
+from calibration.measure_runner import ArrivalClock
 from live.client import StreamResult, stream_completion
 from live.scrape import metrics_delta, scrape
 from live.server import VLLMServer
@@ -65,6 +67,8 @@ NEW_LENGTH = "alone, new length"
 SPLITS = (2, 4, 8)
 #: Requests that arrive while every slot decodes (they wait), and their spacing.
 WAITING = "arrivals that wait"
+#: What one probe measured, in seconds (NaN where it could not tell).
+Measured = dict[str, float]
 ARRIVALS = 6
 ARRIVAL_SPACING_S = 0.03
 BESIDE = (1, 4, 8)
@@ -72,21 +76,6 @@ DECODE_CONTEXT = 64
 DECODE_TOKENS = 48
 #: Arrivals each decode stream shows before the prompt is sent (steady decoding by then).
 WARM_ARRIVALS = 4
-
-
-class _CountingClock:
-    """``time.perf_counter`` that sets ``ready`` once it has been read ``calls`` times (one read
-    when the request is sent, then one per arrival of bytes)."""
-
-    def __init__(self, calls: int) -> None:
-        self.calls, self.wanted = 0, calls
-        self.ready = asyncio.Event()
-
-    def __call__(self) -> float:
-        self.calls += 1
-        if self.calls >= self.wanted:
-            self.ready.set()
-        return time.perf_counter()
 
 
 class Probe:
@@ -140,14 +129,14 @@ class Probe:
         """The prompt sent while ``batch`` requests decode; with ``parts`` > 1, as that many
         prompts of its length over ``parts``, sent at once (they wait for the step in
         progress, so one step admits them all)."""
-        clocks = [_CountingClock(1 + WARM_ARRIVALS) for _ in range(batch)]
+        clocks = [ArrivalClock(WARM_ARRIVALS) for _ in range(batch)]
         tasks = [
             asyncio.create_task(
                 self.send(client, self.prompt(DECODE_CONTEXT), DECODE_TOKENS, clock=clocks[i])
             )
             for i in range(batch)
         ]
-        await asyncio.gather(*(c.ready.wait() for c in clocks))
+        await asyncio.gather(*(c.arrived.wait() for c in clocks))
         length = self.prompt_tokens // parts
         prefills = await asyncio.gather(
             *(self.send(client, self.prompt(length), 2) for _ in range(parts))
@@ -175,14 +164,14 @@ class Probe:
         what receiving a request costs the steps in progress. ``decode``: the mean step
         before the arrivals, ``mixed``: while they come, ``added``: the extra time per
         arrival (the steps' excess over the window, over the number of arrivals)."""
-        clocks = [_CountingClock(1 + WARM_ARRIVALS) for _ in range(batch)]
+        clocks = [ArrivalClock(WARM_ARRIVALS) for _ in range(batch)]
         tasks = [
             asyncio.create_task(
                 self.send(client, self.prompt(DECODE_CONTEXT), 3 * DECODE_TOKENS, clock=clocks[i])
             )
             for i in range(batch)
         ]
-        await asyncio.gather(*(c.ready.wait() for c in clocks))
+        await asyncio.gather(*(c.arrived.wait() for c in clocks))
         start = time.perf_counter()
         await asyncio.sleep(ARRIVALS * ARRIVAL_SPACING_S)  # the window before, as long
         waiting = []
@@ -213,29 +202,30 @@ class Probe:
         }
 
 
-async def run_rounds(probe: Probe, rounds: int, seed: int) -> dict[str, list[dict[str, float]]]:
-    names = [f"alone, idle {s:g} s" for s in IDLE_S] + [f"beside {b}" for b in BESIDE]
-    names += [NEW_LENGTH, *(f"beside 1, {k} prompts" for k in SPLITS), WAITING]
+def probe_table(probe: Probe) -> dict[str, Callable[[httpx.AsyncClient], Awaitable[Measured]]]:
+    """Every probe of a round, by the name its row is printed under."""
     new_lengths = iter(range(probe.prompt_tokens - 1, 0, -1))
-    results: dict[str, list[dict[str, float]]] = {name: [] for name in names}
+    table: dict[str, Callable[[httpx.AsyncClient], Awaitable[Measured]]] = {
+        f"alone, idle {s:g} s": partial(probe.alone, idle_s=s) for s in IDLE_S
+    }
+    table |= {f"beside {b}": partial(probe.beside, batch=b) for b in BESIDE}
+    table[NEW_LENGTH] = lambda client: probe.alone(client, 0.0, next(new_lengths))
+    table |= {f"beside 1, {k} prompts": partial(probe.beside, batch=1, parts=k) for k in SPLITS}
+    table[WAITING] = partial(probe.arrivals, batch=ENGINE.max_num_seqs)
+    return table
+
+
+async def run_rounds(probe: Probe, rounds: int, seed: int) -> dict[str, list[Measured]]:
+    table = probe_table(probe)
+    names = list(table)
+    results: dict[str, list[Measured]] = {name: [] for name in names}
     rng = np.random.default_rng(seed)
     limits = httpx.Limits(max_connections=64, max_keepalive_connections=64)
     async with httpx.AsyncClient(limits=limits, timeout=300) as client:
         await probe.send(client, probe.prompt(probe.prompt_tokens), 2)  # warm-up
         for _ in range(rounds):
             for i in rng.permutation(len(names)):
-                name = names[i]
-                if name == WAITING:
-                    measured = await probe.arrivals(client, ENGINE.max_num_seqs)
-                elif name == NEW_LENGTH:
-                    measured = await probe.alone(client, 0.0, next(new_lengths))
-                elif name.startswith("alone"):
-                    measured = await probe.alone(client, IDLE_S[i])
-                elif name.endswith("prompts"):
-                    measured = await probe.beside(client, 1, int(name.split()[2]))
-                else:
-                    measured = await probe.beside(client, int(name.split()[1]))
-                results[name].append(measured)
+                results[names[i]].append(await table[names[i]](client))
     return results
 
 

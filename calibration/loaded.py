@@ -431,7 +431,7 @@ def ttft_parts(records: pd.DataFrame, frontend_s: float) -> dict[str, float]:
     in progress, which vLLM counts outside the engine (its queue starts when the engine core
     takes the request, between steps), so the comparable parts are ``prefill`` and the sum of
     the other two."""
-    ok = records[records["status"].astype(str) == "ok"]
+    ok = usable_records(records)
     return {
         "ttft": float(ok["ttft_s"].mean()),
         "outside_engine": frontend_s,

@@ -384,7 +384,7 @@ class _Runner:
     ) -> tuple[list[StreamResult], StreamResult]:
         # stream_completion reads the clock once when sending and once per arrival of bytes, so
         # a clock that counts its calls tells us when each stream's first token has arrived.
-        clocks = [_FirstArrivalClock() for _ in range(point.batch_size)]
+        clocks = [ArrivalClock() for _ in range(point.batch_size)]
         tasks = [
             asyncio.create_task(
                 self.send(
@@ -439,16 +439,18 @@ def _point_result(
     return entry, observation
 
 
-class _FirstArrivalClock:
-    """``time.perf_counter`` that sets ``arrived`` on its second call (the first bytes)."""
+class ArrivalClock:
+    """``time.perf_counter`` for :func:`live.client.stream_completion`, which reads it once when
+    it sends and once per arrival of bytes: sets ``arrived`` once ``arrivals`` of them came."""
 
-    def __init__(self) -> None:
+    def __init__(self, arrivals: int = 1) -> None:
         self.calls = 0
+        self.wanted = 1 + arrivals
         self.arrived = asyncio.Event()
 
     def __call__(self) -> float:
         self.calls += 1
-        if self.calls >= 2:
+        if self.calls >= self.wanted:
             self.arrived.set()
         return time.perf_counter()
 
