@@ -232,7 +232,7 @@ class Simulation:
 
         With ``out_dir``, every time-series sample goes to its ``timeseries.<fmt>`` as it is
         taken, at the configured interval however long the run; the result keeps at most
-        MAX_SAMPLES rows of it (:class:`~sim.fleet.timeseries.SampledSeries`)."""
+        MAX_KEPT rows of it (:class:`~sim.fleet.timeseries.SampledSeries`)."""
         if self._ran:
             raise RuntimeError("a Simulation runs once; build() a new one to run again")
         self._ran = True
@@ -243,6 +243,14 @@ class Simulation:
         if out_dir is not None:
             series_writer = TableWriter(Path(out_dir) / f"timeseries.{fmt}", fmt)
             state.fleet.series.writer = series_writer
+
+        def close_series() -> Path | None:
+            """Write the samples not yet written and finish the file (None: no file)."""
+            if series_writer is None:
+                return None
+            state.fleet.series.flush()
+            return series_writer.close()
+
         itl = Values(sketch.EXACT_LIMIT if stream else None)
         if stream:
             state.finished = StreamedRecords(
@@ -253,9 +261,7 @@ class Simulation:
         except BaseException:
             # Interrupted (Ctrl-C, a failing callback): the files written so far end cleanly
             # (Parquet needs its footer), with every sample and finished record they have.
-            if series_writer is not None:
-                state.fleet.series.flush()
-                series_writer.close()
+            close_series()
             if isinstance(state.finished, StreamedRecords):
                 state.finished.close()
             raise
@@ -263,9 +269,7 @@ class Simulation:
         if progress is not None:
             progress(state.num_finished, state.num_requests)
         result = self._result(state, wall_s, itl)
-        if series_writer is not None:
-            state.fleet.series.flush()
-            result.timeseries_path = series_writer.close()
+        result.timeseries_path = close_series()
         return result
 
     def _result(self, state: _Run, wall_s: float, itl: Values) -> SimResult:

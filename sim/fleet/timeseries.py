@@ -118,10 +118,6 @@ class SampledSeries:
             raise LookupError("the series has no sample yet")
         return self._last
 
-    @property
-    def empty(self) -> bool:
-        return self._last is None
-
     def add(self, sample: Sample) -> None:
         """One sample: to the writer's next chunk, and into the kept rows."""
         self.count += 1
