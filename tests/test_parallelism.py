@@ -42,8 +42,9 @@ def prefill(tokens: int) -> BatchShape:
 def test_fp8_weights_cut_batch_one_decode_in_proportion_to_weight_bytes() -> None:
     bf16 = RooflineModel(LLAMA_8B, H100).step_time(decode())
     fp8 = RooflineModel(LLAMA_8B, H100, dtype="fp8").step_time(decode())
-    # Half the weight bytes; the KV read, LM head width and step overhead do not halve.
-    assert 0.5 < fp8 / bf16 < 0.6
+    # Half the weight bytes; the KV read, LM head width, the kernels' fixed times and the step
+    # overhead do not halve.
+    assert 0.5 < fp8 / bf16 < 0.65
 
 
 def test_tensor_parallel_two_lowers_the_step_but_by_less_than_half() -> None:

@@ -95,7 +95,10 @@ class GPU:
     (see the module docstring). ``fp8_flops``, ``int8_ops`` and ``tf32_flops`` are ``None`` where
     the GPU has no tensor cores for that type; :meth:`tensor_flops` then raises.
     ``hourly_cost_usd`` is a default price per GPU-hour where one is cited (DEFAULT_PRICE_SOURCE),
-    else ``None``; a scenario can set any. Every number is checked
+    else ``None``; a scenario can set any. ``weight_stream_efficiency`` and ``gemm_latency_s`` are
+    measured on the GPU where an operator profile is at hand (the fraction of peak memory
+    bandwidth at which a linear layer streams its weights, and each GEMM kernel's fixed time):
+    ``None`` leaves the roofline's defaults (sim/engine/latency.py). Every number is checked
     on construction: a non-positive or non-finite value raises ``ValueError`` naming the field.
     """
 
@@ -108,6 +111,8 @@ class GPU:
     link_bandwidth_bytes_per_s: float
     tf32_flops: float | None = None
     hourly_cost_usd: float | None = None
+    weight_stream_efficiency: float | None = None
+    gemm_latency_s: float | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name.strip():
@@ -128,10 +133,21 @@ class GPU:
             ("int8_ops", self.int8_ops, "op/s (or None if the GPU has no INT8 tensor cores)"),
             ("tf32_flops", self.tf32_flops, "FLOP/s (or None if unknown)"),
             ("hourly_cost_usd", self.hourly_cost_usd, "USD per hour (or None if unknown)"),
+            ("gemm_latency_s", self.gemm_latency_s, "seconds (or None if not measured)"),
         )
         for field_name, value, unit in optional:
             if value is not None:
                 _check_positive(self.name, field_name, value, unit)
+        efficiency = self.weight_stream_efficiency
+        if efficiency is not None and (
+            isinstance(efficiency, bool)
+            or not isinstance(efficiency, int | float)
+            or not 0 < efficiency <= 1
+        ):
+            raise ValueError(
+                f"GPU {self.name!r}: weight_stream_efficiency must be a fraction in (0, 1], got "
+                f"{efficiency!r}; leave it out unless an operator profile of the GPU measured it"
+            )
 
     def tensor_flops(self, dtype: str) -> float:
         """Dense tensor-core peak for matrix multiplies whose inputs are ``dtype``.
@@ -214,6 +230,13 @@ GPU_CATALOG: dict[str, GPU] = {
         link_bandwidth_bytes_per_s=300e9,
         tf32_flops=156e12,
         hourly_cost_usd=1.99,  # see DEFAULT_PRICE_SOURCE
+        # Fitted to Vidur's A100 operator profiles (shared/data/vidur/profiling/compute/a100/
+        # meta-llama/{Llama-2-7b-hf,Llama-2-70b-hf,Meta-Llama-3-8B,Meta-Llama-3-70B}/mlp.csv):
+        # the four projection GEMMs of a layer at 1–8 tokens and TP 1/2/4/8, medians, as
+        # 4 × gemm_latency_s + weight bytes / (2,039 GB/s × weight_stream_efficiency): 5.3 µs
+        # and 0.80 (median |error| 2.1 %, worst 16 %; tests/test_latency.py holds the model to it).
+        weight_stream_efficiency=0.80,
+        gemm_latency_s=5.3e-6,
     ),
     # Same A100 datasheet, "A100 40GB PCIe" / "A100 80GB PCIe" columns: same tensor rates as SXM;
     # 1,555 GB/s (40 GB) and 1,935 GB/s (80 GB); interconnect "NVIDIA NVLink Bridge for 2 GPUs:
@@ -256,6 +279,15 @@ GPU_CATALOG: dict[str, GPU] = {
         link_bandwidth_bytes_per_s=450e9,
         tf32_flops=494.7e12,
         hourly_cost_usd=3.24,  # see DEFAULT_PRICE_SOURCE
+        # Fitted to two H100 operator profiles together: Vidur's (shared/data/vidur/profiling/
+        # compute/h100/meta-llama/{Llama-2-7b-hf,Llama-2-70b-hf}/mlp.csv, four GEMMs a layer, TP
+        # 1/2/4/8) and LLMServingSim's (shared/data/llmservingsim_profiles/H100/meta-llama/
+        # Llama-3.1-{8B,70B}/tp*/layers.csv, seven GEMMs a layer), 1–8 tokens: 4.1 µs per GEMM
+        # and 0.90 of 3.35 TB/s (median |error| 1.3 %, worst 14 %; each profile alone gives
+        # 4.0 µs/0.89 and 4.8 µs/0.94). These are also the roofline's defaults for GPUs without
+        # a profile (sim/engine/latency.py).
+        weight_stream_efficiency=0.90,
+        gemm_latency_s=4.1e-6,
     ),
     # Same H100 datasheet, "H100 PCIe" column: 80 GB, 2 TB/s, BF16 1,513 TFLOPS*, FP8 3,026*,
     # INT8 3,026 TOPS*, TF32 756* (halved); Hopper whitepaper "H100 PCIe": BF16 756, FP8 1,513,

@@ -230,6 +230,12 @@ class CalibratedModel:
         ]
 
 
+#: The roofline's weight-streaming efficiency and fixed time per GEMM kernel for a GPU without
+#: its own measured figures (GPU.weight_stream_efficiency, GPU.gemm_latency_s): the H100 SXM's,
+#: fitted to its Vidur and LLMServingSim operator profiles (see that catalogue entry).
+DEFAULT_BANDWIDTH_EFFICIENCY = 0.90
+DEFAULT_GEMM_LATENCY_S = 4.1e-6
+
 #: Time a request spends in vLLM's OpenAI front end and the client's HTTP stack, on top of the
 #: engine's TTFT, for the roofline (a calibration profile fits its own): client-side TTFT minus
 #: vLLM's ``vllm:time_to_first_token_seconds``, measured at +8.4 and +12.0 ms with the
@@ -240,22 +246,35 @@ class CalibratedModel:
 DEFAULT_FRONTEND_OVERHEAD_S = 0.010
 
 
+def _first_set(*values: float | None) -> float:
+    """The first value that is not None (the last is always set)."""
+    return next(value for value in values if value is not None)
+
+
 @dataclass(frozen=True, slots=True)
 class RooflineParams:
     """Efficiency factors and overheads of the roofline model.
 
-    The GEMM and bandwidth defaults come from a real H100 SXM profile of Llama-3.1-8B (the
-    LLMServingSim layer profile in shared/data/llmservingsim_profiles/H100, PyTorch kernels):
-    its seven projection GEMMs stream weights at ~75–80 % of peak HBM bandwidth for one token
-    (172.8 µs per layer for 436 MB) and reach ~75 % of dense bf16 peak at 2,048 tokens (1.18 ms per
-    layer for 0.89 TFLOP). tests/test_latency.py holds the model to that profile. Attention
-    kernels reach less of peak than GEMMs. A calibration profile replaces all of this with fitted
+    The GEMM defaults come from real H100 SXM profiles. LLMServingSim's layer profile of
+    Llama-3.1-8B (shared/data/llmservingsim_profiles/H100, PyTorch kernels) reaches ~75 % of dense
+    bf16 peak at 2,048 tokens (1.18 ms per layer for 0.89 TFLOP). At a few tokens a linear layer
+    streams its weights: each GEMM kernel takes a fixed time plus its bytes at a fraction of
+    peak bandwidth, both measured per GPU where the catalogue has an operator profile (A100 and
+    H100 SXM; see GPU.gemm_latency_s) and the H100's elsewhere. The fixed time is why a wide
+    tensor-parallel group's small slices are slower than their bytes. tests/test_latency.py
+    holds the model to those profiles, at every TP degree they cover. Attention kernels reach
+    less of peak than GEMMs. A calibration profile replaces all of this with fitted
     coefficients.
     """
 
     compute_efficiency: float = 0.7
     attention_compute_efficiency: float = 0.45
-    bandwidth_efficiency: float = 0.8
+    # The fraction of peak memory bandwidth at which linear layers stream their weights, and
+    # the fixed time of each GEMM kernel (the small matrices of a wide TP group take longer
+    # than their bytes). None: the GPU's measured figures where the catalogue has them
+    # (sim/catalog/hardware.py), else DEFAULT_BANDWIDTH_EFFICIENCY / DEFAULT_GEMM_LATENCY_S.
+    bandwidth_efficiency: float | None = None
+    gemm_latency_s: float | None = None
     # Decode attention streams the KV cache at a higher fraction of peak than GEMMs stream
     # weights: 0.87 is the median over the H100 decode-attention kernel benchmarks in
     # shared/data/inference_sim_kernel_bench/mha/decode/h100/*-tp1.csv with over 100 MB of KV
@@ -273,6 +292,10 @@ class RooflineParams:
     # post-attention layernorm 4 + 4 µs, attn_rope 4, mlp_act 6, add 1 × 2); they are small
     # kernels, so their floor is launch- and latency-bound rather than bandwidth-bound.
     layer_elementwise_s: float = 2.0e-5
+    # Past that floor their activation traffic moves at a lower fraction of peak than GEMMs
+    # stream weights: with max(floor, traffic) 0.55 holds Vidur's Llama-2-7B H100 medians
+    # within 13 % from 1 to 4,096 tokens (same file).
+    elementwise_bandwidth_efficiency: float = 0.55
     # A prefix every running request shares, when vLLM uses cascade attention for it
     # (sim/engine/scheduler.py cascade_shared_tokens), is read from memory once per step; False
     # charges every request its whole context.
@@ -288,10 +311,13 @@ class RooflineParams:
             "attention_compute_efficiency",
             "bandwidth_efficiency",
             "attention_bandwidth_efficiency",
+            "elementwise_bandwidth_efficiency",
         ):
             value = getattr(self, name)
-            if not 0 < value <= 1:
+            if value is not None and not 0 < value <= 1:
                 raise ValueError(f"{name}: must be in (0, 1], got {value}")
+        if self.gemm_latency_s is not None and self.gemm_latency_s < 0:
+            raise ValueError(f"gemm_latency_s: must be >= 0, got {self.gemm_latency_s}")
         if self.step_overhead_s < 0:
             raise ValueError(f"step_overhead_s: must be >= 0, got {self.step_overhead_s}")
         if self.allreduce_latency_s < 0:
@@ -341,6 +367,14 @@ class RooflineModel:
         self.params = params or RooflineParams()
         self.streamed_token_s = self.params.per_streamed_token_s  # see Replica.delivered_s
         p = self.params
+        #: The weight-streaming efficiency and fixed time per GEMM kernel in use: the
+        #: parameters' if set, else the GPU's measured ones, else the defaults.
+        self.bandwidth_efficiency = _first_set(
+            p.bandwidth_efficiency, gpu.weight_stream_efficiency, DEFAULT_BANDWIDTH_EFFICIENCY
+        )
+        self.gemm_latency_s = _first_set(
+            p.gemm_latency_s, gpu.gemm_latency_s, DEFAULT_GEMM_LATENCY_S
+        )
         # bitsandbytes streams (dequantized) 16-bit weights and pays a kernel slowdown on top.
         bnb = quantization == "bitsandbytes"
         weight_bytes = bytes_per_element("bf16" if bnb else dtype)
@@ -351,8 +385,11 @@ class RooflineModel:
         flops = gpu.tensor_flops(compute_dtype(dtype, quantization, gpu))
         self._gemm_flops_per_s = flops * p.compute_efficiency
         self._attn_flops_per_s = gpu.tensor_flops("bf16") * p.attention_compute_efficiency
-        self._bytes_per_s = gpu.memory_bandwidth_bytes_per_s * p.bandwidth_efficiency
+        self._bytes_per_s = gpu.memory_bandwidth_bytes_per_s * self.bandwidth_efficiency
         self._kv_bytes_per_s = gpu.memory_bandwidth_bytes_per_s * p.attention_bandwidth_efficiency
+        self._elementwise_bytes_per_s = (
+            gpu.memory_bandwidth_bytes_per_s * p.elementwise_bandwidth_efficiency
+        )
         tp = self.tp
         layers = model.num_layers
         self._linear_flops_per_token = 2.0 * model.active_linear_params / tp
@@ -391,6 +428,13 @@ class RooflineModel:
         elementwise += 6 * model.hidden_size + 3 * model.active_intermediate_size / tp
         self._elementwise_bytes_per_token = elementwise * activation_bytes * layers
         self._elementwise_floor_s = p.layer_elementwise_s * layers
+        # The GEMM kernels of a layer as vLLM runs them: fused QKV and the output projection
+        # (latent attention: fused q/kv down-projections, q up-projection, the two absorbed
+        # key/value batched GEMMs and the output), then the fused gate/up and down projections
+        # of a dense MLP, or the router and the two grouped expert GEMMs of a MoE layer.
+        attention_gemms = 5 if model.uses_latent_attention else 2
+        gemms = layers * (attention_gemms + 2) + model.num_moe_layers
+        self._linear_floor_s = gemms * self.gemm_latency_s
         self._allreduces_per_step = 2 * layers if tp > 1 else 0
         link = gpu.link_bandwidth_bytes_per_s
         self._link_bytes_per_s = link
@@ -451,11 +495,11 @@ class RooflineModel:
         return times
 
     def elementwise_time(self, num_tokens: int) -> float:
-        """The element-wise kernels of every layer: each kernel's fixed latency plus its
-        activation traffic (tests/test_latency.py holds both to Vidur's H100 profile)."""
-        return (
-            self._elementwise_floor_s
-            + num_tokens * self._elementwise_bytes_per_token / self._bytes_per_s
+        """The element-wise kernels of every layer: their fixed latency until their activation
+        traffic takes longer (tests/test_latency.py holds both to Vidur's H100 profile)."""
+        return max(
+            self._elementwise_floor_s,
+            num_tokens * self._elementwise_bytes_per_token / self._elementwise_bytes_per_s,
         )
 
     def pipeline_send_time(self, num_tokens: int) -> float:
@@ -473,7 +517,7 @@ class RooflineModel:
         if self.model.is_moe:
             experts = self.model.expected_distinct_experts(num_tokens)
             weight_bytes += experts * self._expert_weight_bytes
-        return self._linear_slowdown * max(
+        return self._linear_floor_s + self._linear_slowdown * max(
             num_tokens * self._linear_flops_per_token / self._gemm_flops_per_s,
             weight_bytes / self._bytes_per_s,
         )
@@ -482,7 +526,7 @@ class RooflineModel:
         """The LM head for the rows that sample a token (zero when none do)."""
         if not num_rows:
             return 0.0
-        return max(
+        return self.gemm_latency_s + max(
             num_rows * self._head_flops_per_row / self._gemm_flops_per_s,
             self._head_weight_bytes / self._bytes_per_s,
         )

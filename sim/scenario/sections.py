@@ -108,9 +108,12 @@ class RooflineLatencySpec(Spec):
     type: Literal["roofline"] = "roofline"
     compute_efficiency: Fraction = _ROOFLINE.compute_efficiency
     attention_compute_efficiency: Fraction = _ROOFLINE.attention_compute_efficiency
-    bandwidth_efficiency: Fraction = _ROOFLINE.bandwidth_efficiency
+    # None: the GPU's measured figures, else the roofline's defaults (RooflineParams).
+    bandwidth_efficiency: Fraction | None = None
+    gemm_latency_s: Annotated[float, Field(ge=0)] | None = None
     attention_bandwidth_efficiency: Fraction = _ROOFLINE.attention_bandwidth_efficiency
     layer_elementwise_s: Annotated[float, Field(ge=0)] = _ROOFLINE.layer_elementwise_s
+    elementwise_bandwidth_efficiency: Fraction = _ROOFLINE.elementwise_bandwidth_efficiency
     step_overhead_s: Annotated[float, Field(ge=0)] = _ROOFLINE.step_overhead_s
     flash_attention: bool = _ROOFLINE.flash_attention
     # Not a step's time: what the server's front end adds to every request (see
