@@ -3,6 +3,7 @@ moves step times the way its physics says, with its real trade-off."""
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 from pathlib import Path
 
@@ -11,7 +12,7 @@ import pytest
 
 from sim.catalog.hardware import get_gpu
 from sim.catalog.models import get_model
-from sim.engine.latency import BatchShape, RooflineModel
+from sim.engine.latency import BatchShape, RooflineModel, RooflineParams
 from sim.engine.memory import plan_memory
 from sim.engine.quantization import QuantizationWarning
 from sim.run import build
@@ -120,6 +121,33 @@ def test_all_reduce_cost_agrees_with_measured_nccl(shared_data: Path) -> None:
         measured = medians.iloc[(medians.index - elements).to_series().abs().argmin()]
         modelled = per_call(tokens) / (2 * LLAMA_70B.num_layers)
         assert 0.7 < modelled / measured < 1.5, (tokens, modelled, measured)
+
+
+def test_more_than_two_pcie_gpus_pay_nccls_latency_per_all_reduce() -> None:
+    """vLLM's own all-reduce runs on NVLink and on two PCIe GPUs; wider PCIe groups fall back
+    to NCCL, whose call costs 2.5x as much at a decode step's message sizes."""
+    l40s = get_gpu("l40s")
+    assert l40s.interconnect == "pcie" and H100.interconnect == "nvlink"
+
+    def per_call(gpu_name: str, tp: int) -> float:
+        model = RooflineModel(LLAMA_8B, get_gpu(gpu_name), tensor_parallel_size=tp)
+        return model.communication_time(1) / (2 * LLAMA_8B.num_layers)
+
+    assert per_call("l40s", 4) == pytest.approx(20e-6, rel=0.05)
+    assert per_call("l40s", 2) == pytest.approx(8e-6, rel=0.05)
+    assert per_call("h100-sxm", 8) == pytest.approx(8e-6, rel=0.05)
+    # The same hand-off latency for pipeline stages over PCIe; a scenario's value wins.
+    pp = RooflineModel(LLAMA_8B, l40s, pipeline_parallel_size=2)
+    assert pp.pipeline_send_time(1) == pytest.approx(20e-6, rel=0.05)
+    mine = RooflineModel(
+        LLAMA_8B, l40s, tensor_parallel_size=4, params=RooflineParams(allreduce_latency_s=5e-6)
+    )
+    assert mine.communication_time(1) / (2 * LLAMA_8B.num_layers) == pytest.approx(5e-6, rel=0.1)
+
+
+def test_an_unknown_interconnect_is_an_error_naming_the_choices() -> None:
+    with pytest.raises(ValueError, match="interconnect must be one of nvlink, pcie"):
+        dataclasses.replace(H100, interconnect="infiniband")
 
 
 # -- pipeline parallelism ----------------------------------------------------------------------

@@ -86,6 +86,10 @@ def _check_positive(gpu_name: str, field_name: str, value: object, unit: str) ->
         )
 
 
+#: How a server's GPUs reach each other: an NVLink fabric joining all of them, or PCIe.
+INTERCONNECTS = ("nvlink", "pcie")
+
+
 @dataclass(frozen=True, slots=True)
 class GPU:
     """One accelerator as a roofline model sees it: memory, bandwidths and dense tensor rates.
@@ -98,7 +102,9 @@ class GPU:
     else ``None``; a scenario can set any. ``weight_stream_efficiency`` and ``gemm_latency_s`` are
     measured on the GPU where an operator profile is at hand (the fraction of peak memory
     bandwidth at which a linear layer streams its weights, and each GEMM kernel's fixed time):
-    ``None`` leaves the roofline's defaults (sim/engine/latency.py). Every number is checked
+    ``None`` leaves the roofline's defaults (sim/engine/latency.py). ``interconnect`` is how the
+    GPUs of one server reach each other, ``"nvlink"`` (an NVLink fabric joining all of them) or
+    ``"pcie"``: it decides which all-reduce vLLM can use. Every number is checked
     on construction: a non-positive or non-finite value raises ``ValueError`` naming the field.
     """
 
@@ -113,10 +119,16 @@ class GPU:
     hourly_cost_usd: float | None = None
     weight_stream_efficiency: float | None = None
     gemm_latency_s: float | None = None
+    interconnect: str = "nvlink"
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name.strip():
             raise ValueError(f"GPU name must be a non-empty string, got {self.name!r}")
+        if self.interconnect not in INTERCONNECTS:
+            raise ValueError(
+                f"GPU {self.name!r}: interconnect must be one of {', '.join(INTERCONNECTS)}, "
+                f"got {self.interconnect!r} (how its GPUs reach each other in one server)"
+            )
         _check_positive(self.name, "memory_bytes", self.memory_bytes, "bytes (80 GB -> 80e9)")
         _check_positive(
             self.name, "memory_bandwidth_bytes_per_s", self.memory_bandwidth_bytes_per_s, "bytes/s"
@@ -252,6 +264,7 @@ GPU_CATALOG: dict[str, GPU] = {
         int8_ops=624e12,
         link_bandwidth_bytes_per_s=32e9,
         tf32_flops=156e12,
+        interconnect="pcie",
     ),
     "a100-80gb-pcie": GPU(
         name="A100 80GB PCIe",
@@ -262,6 +275,7 @@ GPU_CATALOG: dict[str, GPU] = {
         int8_ops=624e12,
         link_bandwidth_bytes_per_s=32e9,
         tf32_flops=156e12,
+        interconnect="pcie",
     ),
     # NVIDIA H100 Tensor Core GPU datasheet, https://resources.nvidia.com/en-us-tensor-core
     # ("H100 SXM" column): 80 GB, 3.35 TB/s, BF16 1,979 TFLOPS*, FP8 3,958*, INT8 3,958 TOPS*,
@@ -303,6 +317,7 @@ GPU_CATALOG: dict[str, GPU] = {
         int8_ops=1513e12,
         link_bandwidth_bytes_per_s=64e9,
         tf32_flops=378e12,
+        interconnect="pcie",
     ),
     # NVIDIA H200 Tensor Core GPU datasheet, https://www.nvidia.com/en-us/data-center/h200/
     # ("H200 SXM" column): 141 GB HBM3e, 4.8 TB/s, BF16 1,979 TFLOPS*, FP8 3,958*, INT8 3,958*,
@@ -331,6 +346,7 @@ GPU_CATALOG: dict[str, GPU] = {
         int8_ops=733e12,
         link_bandwidth_bytes_per_s=32e9,
         tf32_flops=183e12,
+        interconnect="pcie",
     ),
     # NVIDIA HGX platform specifications, https://www.nvidia.com/en-us/data-center/hgx/
     # ("HGX B200", per-GPU rows): 180 GB HBM3e; FP8 9 PFLOPS*, INT8 9 POPS*, FP16/BF16
@@ -366,6 +382,7 @@ GPU_CATALOG: dict[str, GPU] = {
         int8_ops=660.6e12,
         link_bandwidth_bytes_per_s=32e9,
         tf32_flops=82.6e12,
+        interconnect="pcie",
     ),
 }
 """The built-in GPUs, keyed by the names :func:`get_gpu` resolves to."""

@@ -236,6 +236,25 @@ class CalibratedModel:
 DEFAULT_BANDWIDTH_EFFICIENCY = 0.90
 DEFAULT_GEMM_LATENCY_S = 4.1e-6
 
+#: Latency of one all-reduce call inside vLLM's CUDA graphs, by the kernel vLLM picks.
+#: * ``custom``: vLLM's own all-reduce, which it uses on an NVLink fabric and on two GPUs
+#:   over PCIe: 8 µs. An H100 pair runs a one-shot all-reduce of 74 KB in 7.0 µs inside a CUDA
+#:   graph (FlagGems-vllm PR 773, https://github.com/flagos-ai/FlagGems-vllm/pull/773, vLLM's
+#:   TRT-LLM one-shot kernel, M=6 × 6144 bf16), and 13.0 µs at 1.7 MB, which the bandwidth term
+#:   adds (8 + 3.8 µs).
+#: * ``nccl``: more than two GPUs over PCIe, where vLLM turns its own off ("not supported on
+#:   more than two PCIe-only GPUs") and NCCL runs: 19.4–24.2 µs at 4–32 KB inside a CUDA
+#:   graph among four GPUs behind a PCIe switch (sglang-V100 PR 2,
+#:   https://github.com/haohervchb/sglang-V100/pull/2). Consumer cards without peer-to-peer
+#:   access (GeForce) use NCCL at two GPUs too; the catalogue does not tell them apart.
+ALLREDUCE_LATENCY_S = {"custom": 8e-6, "nccl": 20e-6}
+
+
+def allreduce_kernel(interconnect: str, tensor_parallel_size: int) -> str:
+    """The all-reduce vLLM runs among ``tensor_parallel_size`` GPUs (ALLREDUCE_LATENCY_S)."""
+    return "nccl" if interconnect == "pcie" and tensor_parallel_size > 2 else "custom"
+
+
 #: Time a request spends in vLLM's OpenAI front end and the client's HTTP stack, on top of the
 #: engine's TTFT, for the roofline (a calibration profile fits its own): client-side TTFT minus
 #: vLLM's ``vllm:time_to_first_token_seconds``, measured at +8.4 and +12.0 ms with the
@@ -282,7 +301,9 @@ class RooflineParams:
     # percentiles 0.79–0.94). tests/test_latency.py holds the model to that benchmark.
     attention_bandwidth_efficiency: float = 0.87
     step_overhead_s: float = 0.0005  # scheduler + input preparation + sampling on the CPU
-    allreduce_latency_s: float = 8e-6  # per all-reduce call, on NVLink-class links
+    # Per all-reduce call (and per pipeline hand-off). None: by the GPU's interconnect and the
+    # TP degree, as vLLM picks its all-reduce (ALLREDUCE_LATENCY_S).
+    allreduce_latency_s: float | None = None
     flash_attention: bool = True  # False: naive attention also writes/reads the score matrix
     # The element-wise kernels of a layer (two RMSNorms, rotary embedding, SiLU·mul, two
     # residual adds): a fixed latency per layer, plus their activation traffic per token at the
@@ -320,7 +341,7 @@ class RooflineParams:
             raise ValueError(f"gemm_latency_s: must be >= 0, got {self.gemm_latency_s}")
         if self.step_overhead_s < 0:
             raise ValueError(f"step_overhead_s: must be >= 0, got {self.step_overhead_s}")
-        if self.allreduce_latency_s < 0:
+        if self.allreduce_latency_s is not None and self.allreduce_latency_s < 0:
             raise ValueError(f"allreduce_latency_s: must be >= 0, got {self.allreduce_latency_s}")
         if self.layer_elementwise_s < 0:
             raise ValueError(f"layer_elementwise_s: must be >= 0, got {self.layer_elementwise_s}")
@@ -375,6 +396,12 @@ class RooflineModel:
         self.gemm_latency_s = _first_set(
             p.gemm_latency_s, gpu.gemm_latency_s, DEFAULT_GEMM_LATENCY_S
         )
+        #: Seconds per all-reduce call, and per pipeline hand-off (an NCCL send: as dear as
+        #: NCCL's all-reduce over PCIe, as vLLM's own over NVLink).
+        kernel = allreduce_kernel(gpu.interconnect, tensor_parallel_size)
+        self.allreduce_latency_s = _first_set(p.allreduce_latency_s, ALLREDUCE_LATENCY_S[kernel])
+        send = ALLREDUCE_LATENCY_S["nccl" if gpu.interconnect == "pcie" else "custom"]
+        self._send_latency_s = _first_set(p.allreduce_latency_s, send)
         # bitsandbytes streams (dequantized) 16-bit weights and pays a kernel slowdown on top.
         bnb = quantization == "bitsandbytes"
         weight_bytes = bytes_per_element("bf16" if bnb else dtype)
@@ -507,7 +534,7 @@ class RooflineModel:
         if self.pp == 1:
             return 0.0
         message_bytes = num_tokens * self._activation_bytes_per_token
-        per_send = self.params.allreduce_latency_s + message_bytes / self._link_bytes_per_s
+        per_send = self._send_latency_s + message_bytes / self._link_bytes_per_s
         return (self.pp - 1) * per_send
 
     def linear_time(self, num_tokens: int) -> float:
@@ -568,11 +595,11 @@ class RooflineModel:
             return 0.0
         message_bytes = num_tokens * self._activation_bytes_per_token
         total = self._allreduces_per_step * (
-            self.params.allreduce_latency_s + message_bytes * self._allreduce_s_per_byte
+            self.allreduce_latency_s + message_bytes * self._allreduce_s_per_byte
         )
         if self._expert_parallel:
             total += self.model.num_moe_layers * (
-                2 * self.params.allreduce_latency_s
+                2 * self.allreduce_latency_s
                 + num_tokens * self._all_to_all_bytes_per_token / self._link_bytes_per_s
             )
         return total

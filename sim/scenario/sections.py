@@ -27,6 +27,7 @@ class CustomGPUSpec(Spec):
     fp8_tflops: PositiveFloat | None = None
     int8_tops: PositiveFloat | None = None
     link_bandwidth_gb_s: PositiveFloat = 32.0
+    interconnect: Literal["nvlink", "pcie"] = "pcie"
     hourly_cost_usd: PositiveFloat | None = None
 
     def build(self) -> GPU:
@@ -40,6 +41,7 @@ class CustomGPUSpec(Spec):
             int8_ops=self.int8_tops * 1e12 if self.int8_tops else None,
             link_bandwidth_bytes_per_s=self.link_bandwidth_gb_s * 1e9,
             hourly_cost_usd=self.hourly_cost_usd,
+            interconnect=self.interconnect,
         )
 
 
