@@ -306,8 +306,8 @@ class RooflineParams:
     allreduce_latency_s: float | None = None
     flash_attention: bool = True  # False: naive attention also writes/reads the score matrix
     # The element-wise kernels of a layer (two RMSNorms, rotary embedding, SiLU·mul, two
-    # residual adds): a fixed latency per layer, plus their activation traffic per token at the
-    # achieved bandwidth (see RooflineModel.elementwise_time). 20 µs per layer is what they
+    # residual adds): a fixed latency per layer until their activation traffic takes longer
+    # (see RooflineModel.elementwise_time). 20 µs per layer is what they
     # take at one token on an H100 in Vidur's Llama-2-7B operator profile (shared/data/vidur/
     # profiling/compute/h100/meta-llama/Llama-2-7b-hf/mlp.csv, medians at num_tokens=1: input and
     # post-attention layernorm 4 + 4 µs, attn_rope 4, mlp_act 6, add 1 × 2); they are small
