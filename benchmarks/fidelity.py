@@ -463,6 +463,18 @@ def print_table(table: dict[str, Any], setup: Setup) -> None:
         print(f"meets the target: {sum(met)} of {len(met)}")
 
 
+def moved_replays(entries: list[dict[str, Any]], work: Path) -> list[dict[str, Any]]:
+    """The loaded replays' summary entries with each directory found under ``work`` when the
+    run's own absolute path is gone (the run directory was moved or copied)."""
+    moved = []
+    for entry in entries:
+        directory = Path(entry["directory"])
+        if not directory.is_dir():
+            directory = work / "loaded-replays" / directory.name
+        moved.append({**entry, "directory": str(directory)})
+    return moved
+
+
 def rescored_setup(work: Path, max_simulations: int) -> Setup:
     """A finished run's setup read back; the loaded profile refitted with today's code."""
     info = json.loads((work / "bench.json").read_text())
@@ -479,7 +491,7 @@ def rescored_setup(work: Path, max_simulations: int) -> Setup:
         isolated = observations_from_json(json.loads(points.read_text()))
         replays = replays_from_summary(
             calibration_scenario(),
-            info["default"]["replays"],
+            moved_replays(info["default"]["replays"], work),
             max_num_batched_tokens=ENGINE.max_num_batched_tokens,
         )
         default, info["default"] = default_profile(
