@@ -464,14 +464,13 @@ def print_table(table: dict[str, Any], setup: Setup) -> None:
 
 
 def moved_replays(entries: list[dict[str, Any]], work: Path) -> list[dict[str, Any]]:
-    """The loaded replays' summary entries with each directory found under ``work`` when the
-    run's own absolute path is gone (the run directory was moved or copied)."""
+    """The loaded replays' summary entries with each directory read from under ``work`` where
+    it is there (the run directory may have been moved or copied since), else as recorded."""
     moved = []
     for entry in entries:
         directory = Path(entry["directory"])
-        if not directory.is_dir():
-            directory = work / "loaded-replays" / directory.name
-        moved.append({**entry, "directory": str(directory)})
+        local = work / "loaded-replays" / directory.name
+        moved.append({**entry, "directory": str(local if local.is_dir() else directory)})
     return moved
 
 

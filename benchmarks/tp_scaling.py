@@ -9,11 +9,11 @@ lengths; nothing else of the runs is used, and nothing in the model is fitted to
 
 Each run is simulated with the catalogue model and GPU and vLLM 0.6's defaults for that
 length (no chunked prefill, synchronous scheduling): ten requests at t = 0 with the run's
-lengths (requests that returned no tokens are left out, as the client leaves them out of
-TPOT). The server streamed about ten tokens per chunk (multi-step scheduling), so TTFT is
-not comparable and only the median TPOT is scored. Mistral-7B on 8 H100s stalled for
-0.1–0.2 s between its first chunks (its median TPOT is above the 4-GPU run's): it is printed
-but left out of the medians.
+lengths (requests with fewer than two output tokens, which have no TPOT, are left out, as
+the client leaves them out). The server streamed about ten tokens per chunk (multi-step
+scheduling), so TTFT is not comparable and only the median TPOT is scored. Mistral-7B on
+8 H100s stalled for 0.1–0.2 s between its first chunks (its median TPOT is above the 4-GPU
+run's): it is printed but left out of the medians.
 
 Two models side by side: the roofline as shipped, and the same with bytes alone for the
 linear layers (no fixed time per GEMM kernel, one streaming efficiency of 0.8 for every GPU,

@@ -7,6 +7,7 @@ import json
 from collections import defaultdict
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from sim.catalog.hardware import get_gpu
@@ -182,9 +183,10 @@ def test_linear_layers_match_vidur_at_every_tensor_parallel_degree(
     shared_data: Path, gpu: str, profiled: str
 ) -> None:
     """A few tokens per step, TP 1 to 8: each GEMM's fixed time plus its slice of the weights at
-    the GPU's streaming rate, within ±17 % of Vidur's medians. Bytes alone (no fixed time) would
-    miss TP 8 by 30–40 %: the small slices of a wide group take longer than their bytes.
-    Llama-2-70B's layers have Llama-3.1-70B's shape."""
+    the GPU's streaming rate, within ±17 % of Vidur's medians. Bytes alone at 0.8 of peak (the
+    model before) missed TP 8 by 41–49 % for the 7B and 8B models and 8–17 % for the 70B ones:
+    the small slices of a wide group take longer than their bytes. Llama-2-70B's layers have
+    Llama-3.1-70B's shape."""
     arch = get_model(VIDUR_PROFILES[(gpu, profiled)])
     path = shared_data / f"vidur/profiling/compute/{gpu[:4]}/meta-llama/{profiled}/mlp.csv"
     checked = 0
@@ -251,17 +253,28 @@ def measured_elementwise_s(shared_data: Path, num_tokens: int) -> float:
     return per_layer_ms * 1e-3 * get_model("llama-2-7b").num_layers
 
 
-@pytest.mark.parametrize("num_tokens", [1, 64, 128, 256, 512, 1024, 2048, 4096])
-def test_elementwise_kernels_match_a_measured_h100_profile(
-    shared_data: Path, num_tokens: int
-) -> None:
-    """The floor at small batches and the traffic at large ones, within ±20 % of Vidur's H100
-    medians for Llama-2-7B. The floor holds up to a few hundred tokens: a floor plus traffic
-    would be 30–50 % over at 128–512."""
-    predicted = RooflineModel(get_model("llama-2-7b"), H100, dtype="fp16").elementwise_time(
-        num_tokens
+def test_elementwise_kernels_match_a_measured_h100_profile(shared_data: Path) -> None:
+    """The floor at small batches and the traffic at large ones, against Vidur's H100 medians
+    for Llama-2-7B at every token count it has up to 4,096 (259 of them): median |error| under
+    8 %, 90th percentile under 22 %. A floor plus traffic at 0.8 of peak (the model before) was
+    13 % and 29 %: the floor holds up to a few hundred tokens."""
+    model = RooflineModel(get_model("llama-2-7b"), H100, dtype="fp16")
+    path = shared_data / "vidur/profiling/compute/h100/meta-llama/Llama-2-7b-hf/mlp.csv"
+    with path.open() as handle:
+        counts = {
+            int(r["num_tokens"])
+            for r in csv.DictReader(handle)
+            if int(r["num_tensor_parallel_workers"]) == 1 and int(r["num_tokens"]) <= 4096
+        }
+    errors = np.array(
+        [
+            model.elementwise_time(n) / measured_elementwise_s(shared_data, n) - 1
+            for n in sorted(counts)
+        ]
     )
-    assert predicted == pytest.approx(measured_elementwise_s(shared_data, num_tokens), rel=0.20)
+    assert errors.size > 200
+    assert np.median(np.abs(errors)) < 0.08
+    assert np.quantile(np.abs(errors), 0.9) < 0.22
 
 
 def test_a_prefix_read_once_lowers_only_the_decodes_memory_time() -> None:

@@ -136,9 +136,13 @@ def test_more_than_two_pcie_gpus_pay_nccls_latency_per_all_reduce() -> None:
     assert per_call("l40s", 4) == pytest.approx(20e-6, rel=0.05)
     assert per_call("l40s", 2) == pytest.approx(8e-6, rel=0.05)
     assert per_call("h100-sxm", 8) == pytest.approx(8e-6, rel=0.05)
-    # The same hand-off latency for pipeline stages over PCIe; a scenario's value wins.
+    # GeForce cards have no peer access: NCCL even for two.
+    assert per_call("rtx-4090", 2) == pytest.approx(20e-6, rel=0.05)
+    # A pipeline hand-off is an NCCL send, outside the CUDA graphs; a scenario's value wins.
     pp = RooflineModel(LLAMA_8B, l40s, pipeline_parallel_size=2)
     assert pp.pipeline_send_time(1) == pytest.approx(20e-6, rel=0.05)
+    pp = RooflineModel(LLAMA_8B, H100, pipeline_parallel_size=2)
+    assert pp.pipeline_send_time(1) == pytest.approx(11e-6, rel=0.05)
     mine = RooflineModel(
         LLAMA_8B, l40s, tensor_parallel_size=4, params=RooflineParams(allreduce_latency_s=5e-6)
     )

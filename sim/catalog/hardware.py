@@ -104,7 +104,8 @@ class GPU:
     bandwidth at which a linear layer streams its weights, and each GEMM kernel's fixed time):
     ``None`` leaves the roofline's defaults (sim/engine/latency.py). ``interconnect`` is how the
     GPUs of one server reach each other, ``"nvlink"`` (an NVLink fabric joining all of them) or
-    ``"pcie"``: it decides which all-reduce vLLM can use. Every number is checked
+    ``"pcie"``; ``peer_to_peer`` False where the driver refuses GPU peer access (GeForce RTX
+    40-series): both decide which all-reduce vLLM can use. Every number is checked
     on construction: a non-positive or non-finite value raises ``ValueError`` naming the field.
     """
 
@@ -120,6 +121,7 @@ class GPU:
     weight_stream_efficiency: float | None = None
     gemm_latency_s: float | None = None
     interconnect: str = "nvlink"
+    peer_to_peer: bool = True
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name.strip():
@@ -216,6 +218,11 @@ def reported_memory_bytes(gpu: GPU) -> float:
 #: your own.
 DEFAULT_PRICE_SOURCE = "https://pricegpu.pages.dev/blog/h100-vs-a100-cloud-price (early 2026)"
 
+#: The A100 80GB SXM's measured weight-streaming rate and GEMM fixed time (see that entry),
+#: shared by every A100.
+A100_WEIGHT_STREAM_EFFICIENCY = 0.80
+A100_GEMM_LATENCY_S = 5.3e-6
+
 GPU_CATALOG: dict[str, GPU] = {
     # NVIDIA A100 Tensor Core GPU datasheet (nvidia-a100-datasheet-us-nvidia-1758950-r4-web.pdf),
     # https://www.nvidia.com/content/dam/en-zz/Solutions/Data-Center/a100/pdf/nvidia-a100-datasheet-us-nvidia-1758950-r4-web.pdf
@@ -231,6 +238,8 @@ GPU_CATALOG: dict[str, GPU] = {
         int8_ops=624e12,
         link_bandwidth_bytes_per_s=300e9,
         tf32_flops=156e12,
+        weight_stream_efficiency=A100_WEIGHT_STREAM_EFFICIENCY,
+        gemm_latency_s=A100_GEMM_LATENCY_S,
     ),
     "a100-80gb-sxm": GPU(
         name="A100 80GB SXM",
@@ -245,10 +254,12 @@ GPU_CATALOG: dict[str, GPU] = {
         # Fitted to Vidur's A100 operator profiles (shared/data/vidur/profiling/compute/a100/
         # meta-llama/{Llama-2-7b-hf,Llama-2-70b-hf,Meta-Llama-3-8B,Meta-Llama-3-70B}/mlp.csv):
         # the four projection GEMMs of a layer at 1–8 tokens and TP 1/2/4/8, medians, as
-        # 4 × gemm_latency_s + weight bytes / (2,039 GB/s × weight_stream_efficiency): 5.3 µs
-        # and 0.80 (median |error| 2.1 %, worst 16 %; tests/test_latency.py holds the model to it).
-        weight_stream_efficiency=0.80,
-        gemm_latency_s=5.3e-6,
+        # 4 × gemm_latency_s + weight bytes / (2,039 GB/s × weight_stream_efficiency), least
+        # squares on the relative error: 5.3 µs and 0.80 (median |error| 2.1 %, worst 16 %;
+        # tests/test_latency.py holds the model to it). The other A100s are the same GA100 chip
+        # and kernels and take the same two figures.
+        weight_stream_efficiency=A100_WEIGHT_STREAM_EFFICIENCY,
+        gemm_latency_s=A100_GEMM_LATENCY_S,
     ),
     # Same A100 datasheet, "A100 40GB PCIe" / "A100 80GB PCIe" columns: same tensor rates as SXM;
     # 1,555 GB/s (40 GB) and 1,935 GB/s (80 GB); interconnect "NVIDIA NVLink Bridge for 2 GPUs:
@@ -265,6 +276,8 @@ GPU_CATALOG: dict[str, GPU] = {
         link_bandwidth_bytes_per_s=32e9,
         tf32_flops=156e12,
         interconnect="pcie",
+        weight_stream_efficiency=A100_WEIGHT_STREAM_EFFICIENCY,
+        gemm_latency_s=A100_GEMM_LATENCY_S,
     ),
     "a100-80gb-pcie": GPU(
         name="A100 80GB PCIe",
@@ -276,6 +289,8 @@ GPU_CATALOG: dict[str, GPU] = {
         link_bandwidth_bytes_per_s=32e9,
         tf32_flops=156e12,
         interconnect="pcie",
+        weight_stream_efficiency=A100_WEIGHT_STREAM_EFFICIENCY,
+        gemm_latency_s=A100_GEMM_LATENCY_S,
     ),
     # NVIDIA H100 Tensor Core GPU datasheet, https://resources.nvidia.com/en-us-tensor-core
     # ("H100 SXM" column): 80 GB, 3.35 TB/s, BF16 1,979 TFLOPS*, FP8 3,958*, INT8 3,958 TOPS*,
@@ -296,12 +311,12 @@ GPU_CATALOG: dict[str, GPU] = {
         # Fitted to two H100 operator profiles together: Vidur's (shared/data/vidur/profiling/
         # compute/h100/meta-llama/{Llama-2-7b-hf,Llama-2-70b-hf}/mlp.csv, four GEMMs a layer, TP
         # 1/2/4/8) and LLMServingSim's (shared/data/llmservingsim_profiles/H100/meta-llama/
-        # Llama-3.1-{8B,70B}/tp*/layers.csv, seven GEMMs a layer), 1–8 tokens: 4.1 µs per GEMM
-        # and 0.90 of 3.35 TB/s (median |error| 1.3 %, worst 14 %; each profile alone gives
-        # 4.0 µs/0.89 and 4.8 µs/0.94). These are also the roofline's defaults for GPUs without
-        # a profile (sim/engine/latency.py).
-        weight_stream_efficiency=0.90,
-        gemm_latency_s=4.1e-6,
+        # Llama-3.1-{8B,70B}/tp*/layers.csv, seven GEMMs a layer), every row at 1–8 tokens, least
+        # squares on the relative error: 4.2 µs per GEMM and 0.91 of 3.35 TB/s (median |error|
+        # 1.4 %, worst 15 %; each profile alone gives 4.0 µs/0.89 and 4.8 µs/0.93). These are
+        # also the roofline's defaults for GPUs without a profile (sim/engine/latency.py).
+        weight_stream_efficiency=0.91,
+        gemm_latency_s=4.2e-6,
     ),
     # Same H100 datasheet, "H100 PCIe" column: 80 GB, 2 TB/s, BF16 1,513 TFLOPS*, FP8 3,026*,
     # INT8 3,026 TOPS*, TF32 756* (halved); Hopper whitepaper "H100 PCIe": BF16 756, FP8 1,513,
@@ -383,6 +398,10 @@ GPU_CATALOG: dict[str, GPU] = {
         link_bandwidth_bytes_per_s=32e9,
         tf32_flops=82.6e12,
         interconnect="pcie",
+        # The driver refuses peer access between GeForce RTX 4090s ("peer access is not
+        # supported between these two devices", https://github.com/sgl-project/sglang/issues/4814),
+        # so vLLM's own all-reduce cannot run and NCCL does, even on two cards.
+        peer_to_peer=False,
     ),
 }
 """The built-in GPUs, keyed by the names :func:`get_gpu` resolves to."""

@@ -233,26 +233,37 @@ class CalibratedModel:
 #: The roofline's weight-streaming efficiency and fixed time per GEMM kernel for a GPU without
 #: its own measured figures (GPU.weight_stream_efficiency, GPU.gemm_latency_s): the H100 SXM's,
 #: fitted to its Vidur and LLMServingSim operator profiles (see that catalogue entry).
-DEFAULT_BANDWIDTH_EFFICIENCY = 0.90
-DEFAULT_GEMM_LATENCY_S = 4.1e-6
+DEFAULT_BANDWIDTH_EFFICIENCY = 0.91
+DEFAULT_GEMM_LATENCY_S = 4.2e-6
 
 #: Latency of one all-reduce call inside vLLM's CUDA graphs, by the kernel vLLM picks.
 #: * ``custom``: vLLM's own all-reduce, which it uses on an NVLink fabric and on two GPUs
-#:   over PCIe: 8 µs. An H100 pair runs a one-shot all-reduce of 74 KB in 7.0 µs inside a CUDA
-#:   graph (FlagGems-vllm PR 773, https://github.com/flagos-ai/FlagGems-vllm/pull/773, vLLM's
-#:   TRT-LLM one-shot kernel, M=6 × 6144 bf16), and 13.0 µs at 1.7 MB, which the bandwidth term
-#:   adds (8 + 3.8 µs).
+#:   over PCIe with peer access: 8 µs. An H100 pair runs a one-shot all-reduce of 74 KB in
+#:   7.0 µs inside a CUDA graph (FlagGems-vllm PR 773,
+#:   https://github.com/flagos-ai/FlagGems-vllm/pull/773, vLLM's TRT-LLM one-shot kernel,
+#:   M=6 × 6144 bf16), and 13.0 µs at 1.7 MB, which the bandwidth term adds (8 + 3.8 µs).
 #: * ``nccl``: more than two GPUs over PCIe, where vLLM turns its own off ("not supported on
 #:   more than two PCIe-only GPUs") and NCCL runs: 19.4–24.2 µs at 4–32 KB inside a CUDA
 #:   graph among four GPUs behind a PCIe switch (sglang-V100 PR 2,
-#:   https://github.com/haohervchb/sglang-V100/pull/2). Consumer cards without peer-to-peer
-#:   access (GeForce) use NCCL at two GPUs too; the catalogue does not tell them apart.
+#:   https://github.com/haohervchb/sglang-V100/pull/2; the warning in
+#:   https://github.com/vllm-project/vllm/issues/13719). Cards without peer access
+#:   (GPU.peer_to_peer) use NCCL at two GPUs too.
 ALLREDUCE_LATENCY_S = {"custom": 8e-6, "nccl": 20e-6}
 
+#: A pipeline stage's hand-off: an NCCL send outside the CUDA graphs, 11 µs for 4 KB between
+#: two GPUs of an H100 DGX and 16 µs on an A100 DGX (medians of Vidur's send_recv profiles,
+#: shared/data/vidur/profiling/network/{h100,a100}_dgx/send_recv.csv, 2,048 fp16 elements).
+#: The H100's figure on every NVLink GPU; over PCIe, NCCL's ``nccl`` latency above.
+PIPELINE_SEND_LATENCY_S = 11e-6
 
-def allreduce_kernel(interconnect: str, tensor_parallel_size: int) -> str:
+
+def allreduce_kernel(
+    interconnect: str, tensor_parallel_size: int, peer_to_peer: bool = True
+) -> str:
     """The all-reduce vLLM runs among ``tensor_parallel_size`` GPUs (ALLREDUCE_LATENCY_S)."""
-    return "nccl" if interconnect == "pcie" and tensor_parallel_size > 2 else "custom"
+    if not peer_to_peer or (interconnect == "pcie" and tensor_parallel_size > 2):
+        return "nccl"
+    return "custom"
 
 
 #: Time a request spends in vLLM's OpenAI front end and the client's HTTP stack, on top of the
@@ -281,7 +292,7 @@ class RooflineParams:
     peak bandwidth, both measured per GPU where the catalogue has an operator profile (A100 and
     H100 SXM; see GPU.gemm_latency_s) and the H100's elsewhere. The fixed time is why a wide
     tensor-parallel group's small slices are slower than their bytes. tests/test_latency.py
-    holds the model to those profiles, at every TP degree they cover. Attention kernels reach
+    holds the model to Vidur's profiles at every TP degree they cover. Attention kernels reach
     less of peak than GEMMs. A calibration profile replaces all of this with fitted
     coefficients.
     """
@@ -314,8 +325,9 @@ class RooflineParams:
     # kernels, so their floor is launch- and latency-bound rather than bandwidth-bound.
     layer_elementwise_s: float = 2.0e-5
     # Past that floor their activation traffic moves at a lower fraction of peak than GEMMs
-    # stream weights: with max(floor, traffic) 0.55 holds Vidur's Llama-2-7B H100 medians
-    # within 13 % from 1 to 4,096 tokens (same file).
+    # stream weights: with max(floor, traffic) 0.55 fits Vidur's Llama-2-7B H100 medians at
+    # every token count from 1 to 4,096 (same file, 259 of them) with a median |error| of
+    # 4.6 %, p90 19 %, worst −35 % (272 tokens); floor plus traffic at 0.8 was 13 % and 29 %.
     elementwise_bandwidth_efficiency: float = 0.55
     # A prefix every running request shares, when vLLM uses cascade attention for it
     # (sim/engine/scheduler.py cascade_shared_tokens), is read from memory once per step; False
@@ -396,11 +408,11 @@ class RooflineModel:
         self.gemm_latency_s = _first_set(
             p.gemm_latency_s, gpu.gemm_latency_s, DEFAULT_GEMM_LATENCY_S
         )
-        #: Seconds per all-reduce call, and per pipeline hand-off (an NCCL send: as dear as
-        #: NCCL's all-reduce over PCIe, as vLLM's own over NVLink).
-        kernel = allreduce_kernel(gpu.interconnect, tensor_parallel_size)
+        #: Seconds per all-reduce call, and per pipeline hand-off (PIPELINE_SEND_LATENCY_S).
+        kernel = allreduce_kernel(gpu.interconnect, tensor_parallel_size, gpu.peer_to_peer)
         self.allreduce_latency_s = _first_set(p.allreduce_latency_s, ALLREDUCE_LATENCY_S[kernel])
-        send = ALLREDUCE_LATENCY_S["nccl" if gpu.interconnect == "pcie" else "custom"]
+        pcie = gpu.interconnect == "pcie"
+        send = ALLREDUCE_LATENCY_S["nccl"] if pcie else PIPELINE_SEND_LATENCY_S
         self._send_latency_s = _first_set(p.allreduce_latency_s, send)
         # bitsandbytes streams (dequantized) 16-bit weights and pays a kernel slowdown on top.
         bnb = quantization == "bitsandbytes"
@@ -456,11 +468,13 @@ class RooflineModel:
         self._elementwise_bytes_per_token = elementwise * activation_bytes * layers
         self._elementwise_floor_s = p.layer_elementwise_s * layers
         # The GEMM kernels of a layer as vLLM runs them: fused QKV and the output projection
-        # (latent attention: fused q/kv down-projections, q up-projection, the two absorbed
-        # key/value batched GEMMs and the output), then the fused gate/up and down projections
-        # of a dense MLP, or the router and the two grouped expert GEMMs of a MoE layer.
+        # (latent attention: five, the query and key/value projections down and up, with the
+        # up-projections absorbed into batched GEMMs, and the output), then the fused gate/up
+        # and down projections of a dense MLP, or the router and the two grouped expert GEMMs
+        # of a MoE layer, plus a shared expert's gate/up and down where it has one.
         attention_gemms = 5 if model.uses_latent_attention else 2
-        gemms = layers * (attention_gemms + 2) + model.num_moe_layers
+        moe_extra = 1 + (2 if model.shared_expert_intermediate_size else 0)
+        gemms = layers * (attention_gemms + 2) + model.num_moe_layers * moe_extra
         self._linear_floor_s = gemms * self.gemm_latency_s
         self._allreduces_per_step = 2 * layers if tp > 1 else 0
         link = gpu.link_bandwidth_bytes_per_s
@@ -544,9 +558,12 @@ class RooflineModel:
         if self.model.is_moe:
             experts = self.model.expected_distinct_experts(num_tokens)
             weight_bytes += experts * self._expert_weight_bytes
-        return self._linear_floor_s + self._linear_slowdown * max(
-            num_tokens * self._linear_flops_per_token / self._gemm_flops_per_s,
-            weight_bytes / self._bytes_per_s,
+        return self._linear_slowdown * (
+            self._linear_floor_s
+            + max(
+                num_tokens * self._linear_flops_per_token / self._gemm_flops_per_s,
+                weight_bytes / self._bytes_per_s,
+            )
         )
 
     def lm_head_time(self, num_rows: int) -> float:

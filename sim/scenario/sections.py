@@ -27,7 +27,8 @@ class CustomGPUSpec(Spec):
     fp8_tflops: PositiveFloat | None = None
     int8_tops: PositiveFloat | None = None
     link_bandwidth_gb_s: PositiveFloat = 32.0
-    interconnect: Literal["nvlink", "pcie"] = "pcie"
+    interconnect: Literal["nvlink", "pcie"] = "pcie"  # as the default link bandwidth says
+    peer_to_peer: bool = True
     hourly_cost_usd: PositiveFloat | None = None
 
     def build(self) -> GPU:
@@ -42,6 +43,7 @@ class CustomGPUSpec(Spec):
             link_bandwidth_bytes_per_s=self.link_bandwidth_gb_s * 1e9,
             hourly_cost_usd=self.hourly_cost_usd,
             interconnect=self.interconnect,
+            peer_to_peer=self.peer_to_peer,
         )
 
 
