@@ -378,22 +378,54 @@ def inspect(
     steps.add_column("step")
     steps.add_column("ms", justify="right")
     steps.add_column("tokens/s", justify="right")
-    for batch in (1, 32, 128):
-        shape = BatchShape(
-            num_decode_seqs=batch, decode_context_tokens=batch * 1024, num_sampled=batch
+    parts = Table(title="where it goes (ms)", title_justify="left")
+    parts.add_column("step", no_wrap=True)
+    for name in INSPECT_PARTS:
+        parts.add_column(name, justify="right")
+    shapes: list[tuple[str, str, BatchShape, int]] = [
+        (
+            f"decode batch {batch} @ 1k context",
+            f"decode {batch}",
+            BatchShape(
+                num_decode_seqs=batch, decode_context_tokens=batch * 1024, num_sampled=batch
+            ),
+            batch,
         )
-        t = roofline.step_time(shape)
-        steps.add_row(f"decode batch {batch} @ 1k context", f"{t * 1e3:.2f}", f"{batch / t:,.0f}")
-    for length in (512, 2048):
-        shape = BatchShape(
-            num_prefill_tokens=length,
-            num_prefill_seqs=1,
-            prefill_attention_pairs=prefill_chunk_pairs(length, 0),
-            num_sampled=1,
+        for batch in (1, 32, 128)
+    ]
+    shapes += [
+        (
+            f"prefill {length} tokens",
+            f"prefill {length}",
+            BatchShape(
+                num_prefill_tokens=length,
+                num_prefill_seqs=1,
+                prefill_attention_pairs=prefill_chunk_pairs(length, 0),
+                num_sampled=1,
+            ),
+            length,
         )
+        for length in (512, 2048)
+    ]
+    for label, short, shape, tokens in shapes:
         t = roofline.step_time(shape)
-        steps.add_row(f"prefill {length} tokens", f"{t * 1e3:.2f}", f"{length / t:,.0f}")
+        steps.add_row(label, f"{t * 1e3:.2f}", f"{tokens / t:,.0f}")
+        split = roofline.step_parts(shape)
+        cells = (sum(split.get(key, 0.0) for key in keys) * 1e3 for keys in INSPECT_PARTS.values())
+        parts.add_row(short, *(f"{cell:.2f}" for cell in cells))
     stdout.print(steps)
+    stdout.print(parts)
+
+
+#: inspect's step-time columns: RooflineModel.step_parts keys summed into each.
+INSPECT_PARTS = {
+    "linear": ("linear layers", "lm head"),
+    "GEMM fix": ("gemm fixed",),  # the part of linear the kernels' fixed time takes
+    "attn": ("attention",),
+    "elemwise": ("element-wise",),
+    "comm": ("all-reduce", "pipeline hand-off"),
+    "overhead": ("step overhead",),
+}
 
 
 @app.command()

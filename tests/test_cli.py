@@ -80,6 +80,7 @@ def test_inspect_prints_memory_and_step_times() -> None:
     assert result.exit_code == 0, result.output
     assert "131,072" in result.output  # KV bytes per token
     assert "decode batch 128" in result.output and "prefill 2048" in result.output
+    assert "where it goes" in result.output and "GEMM fix" in result.output
     bad = runner.invoke(app, ["inspect", "--model", "llama-9", "--gpu", "h100-sxm"])
     assert bad.exit_code == 2
 

@@ -203,6 +203,18 @@ def test_linear_layers_match_vidur_at_every_tensor_parallel_degree(
     assert checked >= 16
 
 
+def test_step_parts_add_up_to_the_step_and_name_the_all_reduce() -> None:
+    shape = BatchShape(num_decode_seqs=32, decode_context_tokens=32 * 1024, num_sampled=32)
+    for tp in (1, 8):
+        model = RooflineModel(get_model("llama-3.1-8b"), H100, tensor_parallel_size=tp)
+        parts = model.step_parts(shape)
+        total = sum(value for key, value in parts.items() if key != "gemm fixed")
+        assert total == pytest.approx(model.step_time(shape), rel=1e-12)
+        assert 0 < parts["gemm fixed"] < parts["linear layers"] + parts["lm head"]
+        assert (parts["all-reduce"] > 0) == (tp > 1)
+    assert RooflineModel(LLAMA_8B, H100).step_parts(BatchShape()) == {"step overhead": 5e-4}
+
+
 def test_step_time_is_the_sum_of_its_parts() -> None:
     model = RooflineModel(get_model("llama-3.1-70b"), H100, tensor_parallel_size=4)
     shape = BatchShape(

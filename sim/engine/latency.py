@@ -508,6 +508,27 @@ class RooflineModel:
             + self.params.step_overhead_s
         )
 
+    def step_parts(self, batch: BatchShape) -> dict[str, float]:
+        """:meth:`step_time` split by what takes it, in seconds: the keys but ``gemm fixed``
+        sum to the step (``gemm fixed`` is the part of ``linear layers`` and ``lm head`` that
+        the GEMM kernels' fixed time takes, whatever their bytes)."""
+        tokens = batch.num_tokens
+        overhead = self.params.step_overhead_s
+        if tokens == 0:
+            return {"step overhead": overhead}
+        head = self.lm_head_time(batch.num_sampled)
+        return {
+            "linear layers": self.linear_time(tokens),
+            "lm head": head,
+            "gemm fixed": self._linear_slowdown * self._linear_floor_s
+            + (self.gemm_latency_s if head else 0.0),
+            "attention": self.attention_time(batch),
+            "element-wise": self.elementwise_time(tokens),
+            "all-reduce": self.communication_time(tokens),
+            "pipeline hand-off": self.pipeline_send_time(tokens),
+            "step overhead": overhead,
+        }
+
     def decode_step_times(
         self, num_seqs: int, first_context: int, count: int, shared: int = 0
     ) -> list[float]:
