@@ -203,6 +203,33 @@ def test_linear_layers_match_vidur_at_every_tensor_parallel_degree(
     assert checked >= 16
 
 
+@pytest.mark.parametrize(
+    ("shape", "name"), [("32-32-128", "llama-2-7b"), ("32-8-128", "llama-3.1-8b")]
+)
+def test_prefill_attention_matches_the_h100_kernel_benchmark(
+    shared_data: Path, shape: str, name: str
+) -> None:
+    """One prompt's causal attention per layer at 4k–32k tokens within ±12 % of the H100
+    FlashAttention-3 benchmark (inference_sim_kernel_bench). The generic 0.45 of peak the model
+    had for every GPU was 42–71 % over it."""
+    arch = get_model(name)
+    model = RooflineModel(arch, H100)
+    path = shared_data / f"inference_sim_kernel_bench/mha/prefill/h100/{shape}.csv"
+    with path.open() as handle:
+        rows = [r for r in csv.DictReader(handle) if int(r["seq_len"]) >= 4096]
+    assert len(rows) == 4
+    for row in rows:
+        length = int(row["seq_len"])
+        batch = BatchShape(
+            num_prefill_tokens=length,
+            num_prefill_seqs=1,
+            prefill_attention_pairs=prefill_chunk_pairs(length, 0),
+            num_sampled=1,
+        )
+        per_layer = model.attention_time(batch) / arch.num_layers
+        assert per_layer == pytest.approx(float(row["latency_us"]) * 1e-6, rel=0.12), row
+
+
 def test_step_parts_add_up_to_the_step_and_name_the_all_reduce() -> None:
     shape = BatchShape(num_decode_seqs=32, decode_context_tokens=32 * 1024, num_sampled=32)
     for tp in (1, 8):
@@ -410,7 +437,5 @@ def test_latent_attention_reads_the_whole_latent_on_every_gpu() -> None:
         model = RooflineModel(arch, h100, tensor_parallel_size=tp)
         reads = context * 27 * 576 * 2 / bandwidth
         flops = context * 2 * (16 / tp) * (2 * 512 + 64) * 27
-        compute = flops / (
-            h100.tensor_flops("bf16") * RooflineParams().attention_compute_efficiency
-        )
+        compute = flops / (h100.tensor_flops("bf16") * model.attention_compute_efficiency)
         assert model.attention_time(batch) == pytest.approx(max(reads, compute))

@@ -235,7 +235,7 @@ def test_several_workloads_are_fitted_together_and_each_left_out_in_turn(
     result = calibrate(
         str(scenario_path),
         *("--records", str(bursty_run), "--records", str(steady_run)),
-        *("--max-simulations", "30", "--out", str(out)),
+        *("--max-simulations", "40", "--out", str(out)),
     )
     assert result.returncode == 0, result.stderr
     profile = json.loads(out.read_text())
@@ -247,7 +247,9 @@ def test_several_workloads_are_fitted_together_and_each_left_out_in_turn(
     # The same server made both, so a fit to either one predicts the other roughly. Roughly:
     # the search over a simulator whose latencies jump with batching lands 4-10 % from a
     # single replay of this server and 13-21 % from the other workload (measured 2026-12-04);
-    # a comparison of the wrong requests would be near 100 %.
+    # a comparison of the wrong requests would be near 100 %. The search starts from the
+    # roofline's coefficients: when the roofline's H100 prefill attention moved to its measured
+    # speed (2026-12-07), 30 simulations stopped at 21.5 % overall, so it has 40.
     for errors in held.values():
         assert 0 <= errors["ttft_relative_error_mean"] < 0.35
         assert 0 <= errors["e2e_relative_error_mean"] < 0.35

@@ -101,7 +101,9 @@ class GPU:
     ``hourly_cost_usd`` is a default price per GPU-hour where one is cited (DEFAULT_PRICE_SOURCE),
     else ``None``; a scenario can set any. ``weight_stream_efficiency`` and ``gemm_latency_s`` are
     measured on the GPU where an operator profile is at hand (the fraction of peak memory
-    bandwidth at which a linear layer streams its weights, and each GEMM kernel's fixed time):
+    bandwidth at which a linear layer streams its weights, and each GEMM kernel's fixed time),
+    ``attention_compute_efficiency`` where a prefill-attention kernel benchmark is (the
+    fraction of the dense bf16 peak its causal FLOPs run at):
     ``None`` leaves the roofline's defaults (sim/engine/latency.py). ``interconnect`` is how the
     GPUs of one server reach each other, ``"nvlink"`` (an NVLink fabric joining all of them) or
     ``"pcie"``; ``peer_to_peer`` False where the driver refuses GPU peer access (GeForce RTX
@@ -120,6 +122,7 @@ class GPU:
     hourly_cost_usd: float | None = None
     weight_stream_efficiency: float | None = None
     gemm_latency_s: float | None = None
+    attention_compute_efficiency: float | None = None
     interconnect: str = "nvlink"
     peer_to_peer: bool = True
 
@@ -152,16 +155,17 @@ class GPU:
         for field_name, value, unit in optional:
             if value is not None:
                 _check_positive(self.name, field_name, value, unit)
-        efficiency = self.weight_stream_efficiency
-        if efficiency is not None and (
-            isinstance(efficiency, bool)
-            or not isinstance(efficiency, int | float)
-            or not 0 < efficiency <= 1
-        ):
-            raise ValueError(
-                f"GPU {self.name!r}: weight_stream_efficiency must be a fraction in (0, 1], got "
-                f"{efficiency!r}; leave it out unless an operator profile of the GPU measured it"
-            )
+        for field_name in ("weight_stream_efficiency", "attention_compute_efficiency"):
+            efficiency = getattr(self, field_name)
+            if efficiency is not None and (
+                isinstance(efficiency, bool)
+                or not isinstance(efficiency, int | float)
+                or not 0 < efficiency <= 1
+            ):
+                raise ValueError(
+                    f"GPU {self.name!r}: {field_name} must be a fraction in (0, 1], got "
+                    f"{efficiency!r}; leave it out unless a profile of the GPU measured it"
+                )
 
     def tensor_flops(self, dtype: str) -> float:
         """Dense tensor-core peak for matrix multiplies whose inputs are ``dtype``.
@@ -217,6 +221,14 @@ def reported_memory_bytes(gpu: GPU) -> float:
 #: GPUs have no default: a scenario sets their price (``cost.gpu_hour_usd``). Prices move; set
 #: your own.
 DEFAULT_PRICE_SOURCE = "https://pricegpu.pages.dev/blog/h100-vs-a100-cloud-price (early 2026)"
+
+#: Prefill attention on Hopper (FlashAttention 3, which vLLM runs there): the inference-sim H100
+#: kernel benchmark (shared/data/inference_sim_kernel_bench/mha/prefill/h100/*.csv, five head
+#: shapes, made with InferSim's fa3_mha_prefill.py) runs the causal FLOPs at 0.64 of the dense
+#: bf16 peak at 4,096 tokens and 0.70–0.77 at 8k–32k, median 0.71 over those; a fit with a fixed
+#: time gives 0.73. Below ~2k tokens its host-timed points are mostly launch time, which the
+#: model leaves out. The H100s and the H200 share it (same GH100 chip and kernel).
+HOPPER_ATTENTION_EFFICIENCY = 0.72
 
 #: The A100 80GB SXM's measured weight-streaming rate and GEMM fixed time (see that entry),
 #: shared by every A100.
@@ -317,6 +329,7 @@ GPU_CATALOG: dict[str, GPU] = {
         # also the roofline's defaults for GPUs without a profile (sim/engine/latency.py).
         weight_stream_efficiency=0.91,
         gemm_latency_s=4.2e-6,
+        attention_compute_efficiency=HOPPER_ATTENTION_EFFICIENCY,
     ),
     # Same H100 datasheet, "H100 PCIe" column: 80 GB, 2 TB/s, BF16 1,513 TFLOPS*, FP8 3,026*,
     # INT8 3,026 TOPS*, TF32 756* (halved); Hopper whitepaper "H100 PCIe": BF16 756, FP8 1,513,
@@ -333,6 +346,7 @@ GPU_CATALOG: dict[str, GPU] = {
         link_bandwidth_bytes_per_s=64e9,
         tf32_flops=378e12,
         interconnect="pcie",
+        attention_compute_efficiency=HOPPER_ATTENTION_EFFICIENCY,
     ),
     # NVIDIA H200 Tensor Core GPU datasheet, https://www.nvidia.com/en-us/data-center/h200/
     # ("H200 SXM" column): 141 GB HBM3e, 4.8 TB/s, BF16 1,979 TFLOPS*, FP8 3,958*, INT8 3,958*,
@@ -347,6 +361,7 @@ GPU_CATALOG: dict[str, GPU] = {
         int8_ops=1978.9e12,
         link_bandwidth_bytes_per_s=450e9,
         tf32_flops=494.7e12,
+        attention_compute_efficiency=HOPPER_ATTENTION_EFFICIENCY,
     ),
     # NVIDIA L40S datasheet, https://resources.nvidia.com/en-us-l40s/l40s-datasheet-28413
     # 48 GB GDDR6, 864 GB/s; BF16 362.05 TFLOPS (733* with sparsity), FP8 733 (1,466*),

@@ -236,6 +236,10 @@ class CalibratedModel:
 DEFAULT_BANDWIDTH_EFFICIENCY = 0.91
 DEFAULT_GEMM_LATENCY_S = 4.2e-6
 
+#: Prefill attention on a GPU without a kernel benchmark: less of peak than GEMMs, not measured
+#: (the Hopper GPUs' measured 0.72 is in the catalogue).
+DEFAULT_ATTENTION_COMPUTE_EFFICIENCY = 0.45
+
 #: Latency of one all-reduce call inside vLLM's CUDA graphs, by the kernel vLLM picks.
 #: * ``custom``: vLLM's own all-reduce, which it uses on an NVLink fabric and on two GPUs
 #:   over PCIe with peer access: 8 µs. An H100 pair runs a one-shot all-reduce of 74 KB in
@@ -298,7 +302,10 @@ class RooflineParams:
     """
 
     compute_efficiency: float = 0.7
-    attention_compute_efficiency: float = 0.45
+    # Prefill attention's causal FLOPs as a fraction of the bf16 peak. None: the GPU's measured
+    # one (GPU.attention_compute_efficiency, the Hopper GPUs), else
+    # DEFAULT_ATTENTION_COMPUTE_EFFICIENCY.
+    attention_compute_efficiency: float | None = None
     # The fraction of peak memory bandwidth at which linear layers stream their weights, and
     # the fixed time of each GEMM kernel (the small matrices of a wide TP group take longer
     # than their bytes). None: the GPU's measured figures where the catalogue has them
@@ -423,7 +430,13 @@ class RooflineModel:
         activation_bytes = 2.0
         flops = gpu.tensor_flops(compute_dtype(dtype, quantization, gpu))
         self._gemm_flops_per_s = flops * p.compute_efficiency
-        self._attn_flops_per_s = gpu.tensor_flops("bf16") * p.attention_compute_efficiency
+        #: Prefill attention's fraction of the bf16 peak in use (parameters, GPU, default).
+        self.attention_compute_efficiency = _first_set(
+            p.attention_compute_efficiency,
+            gpu.attention_compute_efficiency,
+            DEFAULT_ATTENTION_COMPUTE_EFFICIENCY,
+        )
+        self._attn_flops_per_s = gpu.tensor_flops("bf16") * self.attention_compute_efficiency
         self._bytes_per_s = gpu.memory_bandwidth_bytes_per_s * self.bandwidth_efficiency
         self._kv_bytes_per_s = gpu.memory_bandwidth_bytes_per_s * p.attention_bandwidth_efficiency
         self._elementwise_bytes_per_s = (

@@ -111,7 +111,7 @@ class RooflineLatencySpec(Spec):
 
     type: Literal["roofline"] = "roofline"
     compute_efficiency: Fraction = _ROOFLINE.compute_efficiency
-    attention_compute_efficiency: Fraction = _ROOFLINE.attention_compute_efficiency
+    attention_compute_efficiency: Fraction | None = None  # None: the GPU's measured one
     # None: the GPU's measured figures, else the roofline's defaults (RooflineParams).
     bandwidth_efficiency: Fraction | None = None
     gemm_latency_s: Annotated[float, Field(ge=0)] | None = None
