@@ -450,10 +450,14 @@ def show_default() -> None:
 def catalog() -> None:
     """List the GPUs and models servesim knows."""
     gpus = Table(title="GPUs", title_justify="left")
-    for column in ("key", "name", "memory GB", "HBM TB/s", "bf16 TFLOPS", "fp8 TFLOPS"):
-        gpus.add_column(column)
+    columns = ("key", "name", "memory GB", "HBM TB/s", "bf16 TFLOPS", "fp8 TFLOPS", "link GB/s")
+    for column in columns:
+        gpus.add_column(column, no_wrap=column == "key")
     for key, gpu in GPU_CATALOG.items():
         fp8 = f"{gpu.fp8_flops / 1e12:,.0f}" if gpu.fp8_flops else "—"
+        # The link's kind decides vLLM's all-reduce (sim/engine/latency.py allreduce_kernel).
+        kind = {"nvlink": "NVLink", "pcie": "PCIe"}[gpu.interconnect]
+        link = f"{gpu.link_bandwidth_bytes_per_s / 1e9:,.0f} {kind}"
         gpus.add_row(
             key,
             gpu.name,
@@ -461,6 +465,7 @@ def catalog() -> None:
             f"{gpu.memory_bandwidth_bytes_per_s / 1e12:.2f}",
             f"{gpu.bf16_flops / 1e12:,.0f}",
             fp8,
+            link + ("" if gpu.peer_to_peer else ", no P2P"),
         )
     stdout.print(gpus)
     models = Table(title="models", title_justify="left")
