@@ -476,18 +476,24 @@ def _simulated_errors(
     )
 
 
-def step_ratios(coefficients: CalibratedCoefficients, steps: RebuiltSteps) -> dict[str, Any]:
-    """Where a fit misses the loaded steps, by kind: the median of measured / predicted over
-    the rebuilt steps that carry no prompt (``decode``) and over those that carry one
-    (``prompt``), None where there are none, and how many steps each median is over."""
+def _step_seconds(
+    coefficients: CalibratedCoefficients, steps: RebuiltSteps
+) -> tuple[np.ndarray, np.ndarray]:
+    """The rebuilt steps' measured seconds, and what ``coefficients`` predict for them."""
     observations = steps.observations
-    carries = np.array([obs.batch.num_prefill_seqs > 0 for obs in observations], dtype=bool)
-    ratios = (
-        np.array([obs.seconds for obs in observations])
-        / predict_seconds(coefficients, observations)
-        if observations
-        else np.zeros(0)
-    )
+    measured = np.array([obs.seconds for obs in observations], dtype=np.float64)
+    if not observations:
+        return measured, np.zeros(0)
+    return measured, predict_seconds(coefficients, observations)
+
+
+def step_ratios(steps: RebuiltSteps, measured: np.ndarray, predicted: np.ndarray) -> dict[str, Any]:
+    """Where a fit misses the loaded steps, by kind: the median of measured / predicted
+    (:func:`_step_seconds`) over the rebuilt steps that carry no prompt (``decode``) and over
+    those that carry one (``prompt``), None where there are none, and how many steps each
+    median is over."""
+    carries = np.array([obs.batch.num_prefill_seqs > 0 for obs in steps.observations], dtype=bool)
+    ratios = measured / predicted if measured.size else np.zeros(0)
 
     def median(chosen: np.ndarray) -> float | None:
         values = ratios[chosen]
@@ -501,13 +507,16 @@ def step_ratios(coefficients: CalibratedCoefficients, steps: RebuiltSteps) -> di
     }
 
 
+def _relative_error(measured: np.ndarray, predicted: np.ndarray) -> float:
+    """Mean |relative error| of the predicted step seconds; NaN when there are none."""
+    if not measured.size:
+        return float("nan")
+    return float(np.mean(np.abs(predicted - measured) / measured))
+
+
 def _step_error(coefficients: CalibratedCoefficients, steps: RebuiltSteps) -> float:
     """Mean |relative error| of ``coefficients`` on rebuilt steps; NaN when there are none."""
-    if not steps.observations:
-        return float("nan")
-    predicted = predict_seconds(coefficients, steps.observations)
-    measured = np.array([obs.seconds for obs in steps.observations])
-    return float(np.mean(np.abs(predicted - measured) / measured))
+    return _relative_error(*_step_seconds(coefficients, steps))
 
 
 #: Rounds of (fit the steps, search the streaming cost, rebuild the steps at that cost).
@@ -685,9 +694,10 @@ def fit_loaded(
             ttft, e2e, simulated = _simulated_errors(scenario, replay, fitted)
             if label == "joint_fit" and simulated is not None:
                 entry["simulated_ttft"] = ttft_parts(simulated, fitted.frontend_overhead_s)
+            seconds = _step_seconds(fitted, replay.steps)  # measured, predicted
             entry[label] = {
-                "step_relative_error_mean": _finite_or_none(_step_error(fitted, replay.steps)),
-                "step_ratio_median": step_ratios(fitted, replay.steps),
+                "step_relative_error_mean": _finite_or_none(_relative_error(*seconds)),
+                "step_ratio_median": step_ratios(replay.steps, *seconds),
                 "ttft_mean_error": _finite_or_none(ttft),
                 "e2e_mean_error": _finite_or_none(e2e),
             }
