@@ -5,13 +5,16 @@ folder's entry in SOURCES.md): Llama-2-7B fp16 on one H100 SXM, vLLM 0.15.1, dri
 inference-perf. Each stage's workload is rebuilt from the file's columns, as inference-perf's
 ``shared_prefix`` data generator makes it:
 
-* 10 system prompts of ``system_prompt_tokens`` tokens × 10 questions = 100 distinct prompts of
-  ``prompt_tokens_mean`` tokens, sent in a shuffled order, cyclically (every prompt is sent once
-  per cycle, each cycle a fresh permutation), so after the first cycle every prompt is in the
-  prefix cache up to its last partial block;
+* ``prompt_reuse`` "G system prompts x Q questions": G system prompts of
+  ``system_prompt_tokens`` tokens × Q questions = G·Q distinct prompts of ``prompt_tokens_mean``
+  tokens, sent in a shuffled order, cyclically (every prompt is sent once per cycle, each cycle
+  a fresh permutation), so after the first cycle every prompt is in the prefix cache up to its
+  last partial block; "none" (or an empty cell): every request a prompt of its own, which
+  shares only the ``system_prompt_tokens`` (if any) with every other;
 * ``output_tokens`` decoded by every request (``ignore_eos``);
-* Poisson arrivals at ``rate_rps`` whose gaps are rescaled so that exactly rate × duration
-  requests arrive in ``duration_s``;
+* ``arrival`` "poisson": Poisson arrivals at ``rate_rps`` (with "rescaled", gaps rescaled so
+  that exactly ``num_requests`` arrive in ``duration_s``, as inference-perf does); "constant":
+  evenly spaced;
 * a run's stage_1 follows its stage_0 on the same server without a pause (so it starts with a
   warm cache and the stage_0 tail in flight): both are simulated as one run and scored apart.
 
@@ -31,8 +34,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import tempfile
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -41,12 +46,13 @@ import pandas as pd
 
 from sim.catalog.hardware import get_gpu
 from sim.run import build
-from sim.scenario import parse_scenario
+from sim.scenario import ScenarioError, parse_scenario
 
 RUNS = Path(__file__).resolve().parents[2] / "shared/data/real_gpu_runs"
 RUNS_FILE = RUNS / "h100_llama2_7b_inference_perf.csv"
-BLOCK = 16  # the runs' --block-size; hash ids are per block
-GROUPS, QUESTIONS = 10, 10
+#: Hash ids of a prompt's own blocks start here (the system prompts' blocks lie below).
+PROMPT_IDS = 1 << 40
+REUSE = re.compile(r"(\d+)\s+system\s+prompts?\s*x\s*(\d+)\s+questions?", re.IGNORECASE)
 METRICS = ("ttft", "tpot", "e2e")
 STATS = ("mean", "p50", "p90", "p99")
 #: The issue's targets: median |error| over the stages.
@@ -54,30 +60,141 @@ TARGETS = {("ttft", "mean"): 0.10, ("ttft", "p90"): 0.10, ("tpot", "mean"): 0.05
 TARGETS |= {("tpot", "p90"): 0.05, ("e2e", "mean"): 0.05, ("e2e", "p90"): 0.05}
 
 
-def output_tokens(cell: str) -> int:
-    """``"247 (max_tokens, ignore_eos)"`` → 247."""
-    return int(str(cell).split()[0])
+class RunsFileError(ValueError):
+    """A cell of the runs file this benchmark cannot rebuild a workload from."""
 
 
-def stage_requests(stage: pd.Series, rng: np.random.Generator, start_s: float) -> list[dict]:
-    """One stage's requests as servesim JSONL rows (prompt ids cycled in shuffled order)."""
-    count = int(stage["num_requests"])
-    gaps = rng.exponential(1.0, count)
-    gaps *= float(stage["duration_s"]) / gaps.sum()  # exactly `count` arrivals in the duration
-    arrivals = start_s + np.cumsum(gaps) - gaps[0]
-    system = int(stage["system_prompt_tokens"])
-    prompt = round(float(stage["prompt_tokens_mean"]))
-    output = output_tokens(stage["output_tokens"])
-    cycles = -(-count // (GROUPS * QUESTIONS))
-    order = np.concatenate([rng.permutation(GROUPS * QUESTIONS) for _ in range(cycles)])[:count]
+def _cell(stage: pd.Series, column: str) -> Any:
+    if column not in stage.index:
+        raise RunsFileError(f"the runs file has no {column!r} column")
+    return stage[column]
+
+
+def _where(stage: pd.Series, column: str) -> str:
+    return f"run {stage.get('run_id')!s} {stage.get('stage')!s}, column {column!r}"
+
+
+#: Columns every runs file needs (``prompt_reuse`` may be left out: every prompt unique).
+REQUIRED = (
+    "run_id",
+    "stage",
+    "gpu",
+    "model",
+    "tp",
+    "dtype",
+    "vllm_version",
+    "max_num_batched_tokens",
+    "max_num_seqs",
+    "max_model_len",
+    "block_size",
+    "arrival",
+    "rate_rps",
+    "duration_s",
+    "num_requests",
+    "prompt_tokens_mean",
+    "system_prompt_tokens",
+    "output_tokens",
+    *(f"{m}_ms_{s}" for m in METRICS for s in STATS),
+)
+
+
+def output_tokens(stage: pd.Series) -> int:
+    """``"247 (max_tokens, ignore_eos)"`` or ``247`` → 247."""
+    cell = _cell(stage, "output_tokens")
+    match = re.match(r"\s*(\d+)(\.0*)?\b", str(cell))
+    if match is None or int(match.group(1)) < 1:
+        raise RunsFileError(
+            f"{_where(stage, 'output_tokens')}: {cell!r} is not a token count; write the "
+            "max_tokens every request decodes (ignore_eos), e.g. '247 (max_tokens, ignore_eos)'"
+        )
+    return int(match.group(1))
+
+
+@dataclass(frozen=True)
+class PromptReuse:
+    """How a stage's prompts repeat: ``groups`` system prompts × ``questions`` each, sent
+    cyclically; ``groups == 0``: every request a prompt of its own."""
+
+    groups: int
+    questions: int
+
+
+def prompt_reuse(stage: pd.Series) -> PromptReuse:
+    """The ``prompt_reuse`` cell: "10 system prompts x 10 questions = 100 prompts, ..." or
+    "none" (a missing column or an empty cell reads as "none")."""
+    cell = stage.get("prompt_reuse")
+    if cell is None or pd.isna(cell) or str(cell).strip().lower() in ("", "none", "unique"):
+        return PromptReuse(0, 0)
+    match = REUSE.search(str(cell))
+    if match is None or min(int(match.group(1)), int(match.group(2))) < 1:
+        raise RunsFileError(
+            f"{_where(stage, 'prompt_reuse')}: {cell!r} is not understood; write "
+            "'G system prompts x Q questions' (each prompt sent once per cycle) or 'none' "
+            "(every prompt unique)"
+        )
+    return PromptReuse(int(match.group(1)), int(match.group(2)))
+
+
+def arrival_times(stage: pd.Series, rng: np.random.Generator, start_s: float) -> np.ndarray:
+    """``num_requests`` send times from ``start_s``, by the ``arrival`` cell."""
+    count = int(_cell(stage, "num_requests"))
+    duration = float(_cell(stage, "duration_s"))
+    rate = float(_cell(stage, "rate_rps"))
+    if count < 1 or duration <= 0 or rate <= 0:
+        raise RunsFileError(
+            f"run {stage.get('run_id')!s} {stage.get('stage')!s}: num_requests, duration_s and "
+            f"rate_rps must be positive (got {count}, {duration}, {rate})"
+        )
+    kind = str(_cell(stage, "arrival")).strip().lower()
+    if kind.startswith("poisson"):
+        gaps = rng.exponential(1.0 / rate, count)
+        if "rescaled" in kind:
+            gaps *= duration / gaps.sum()  # exactly `count` arrivals in the duration
+    elif kind.startswith(("constant", "uniform")):
+        gaps = np.full(count, 1.0 / rate)
+    else:
+        raise RunsFileError(
+            f"{_where(stage, 'arrival')}: {kind!r} is not understood; write 'poisson' "
+            "(optionally 'poisson, gaps rescaled ...') or 'constant'"
+        )
+    return start_s + np.cumsum(gaps) - gaps[0]
+
+
+def stage_requests(
+    stage: pd.Series, rng: np.random.Generator, start_s: float, first_request: int = 0
+) -> list[dict]:
+    """One stage's requests as servesim JSONL rows (prompt ids cycled in shuffled order);
+    ``first_request`` numbers the run's requests before this stage (unique prompts' ids)."""
+    arrivals = arrival_times(stage, rng, start_s)
+    count = len(arrivals)
+    system = int(_cell(stage, "system_prompt_tokens") or 0)
+    prompt = round(float(_cell(stage, "prompt_tokens_mean")))
+    if prompt < 1 or not 0 <= system <= prompt:
+        raise RunsFileError(
+            f"run {stage.get('run_id')!s} {stage.get('stage')!s}: prompt_tokens_mean ({prompt}) "
+            f"must be positive and at least system_prompt_tokens ({system})"
+        )
+    output = output_tokens(stage)
+    reuse = prompt_reuse(stage)
+    if reuse.groups:
+        distinct = reuse.groups * reuse.questions
+        cycles = -(-count // distinct)
+        order = np.concatenate([rng.permutation(distinct) for _ in range(cycles)])[:count]
+        groups = order // reuse.questions
+    else:
+        # Every prompt its own, one system prompt shared by all.
+        order = first_request + np.arange(count)
+        groups = np.zeros(count, dtype=int)
+    block = int(_cell(stage, "block_size"))
+    blocks = -(-prompt // block)
     rows = []
-    for arrival, prompt_id in zip(arrivals, order, strict=True):
-        group = int(prompt_id) // QUESTIONS
-        blocks = -(-prompt // BLOCK)
+    for arrival, prompt_id, group in zip(arrivals, order, groups, strict=True):
         # A block wholly inside the system prompt is the group's; any later block is the
         # prompt's own (ids are kept apart by their ranges).
         hash_ids = [
-            group * 1000 + b if (b + 1) * BLOCK <= system else 100_000 + int(prompt_id) * 1000 + b
+            int(group) * blocks + b
+            if (b + 1) * block <= system
+            else PROMPT_IDS + int(prompt_id) * blocks + b
             for b in range(blocks)
         ]
         rows.append(
@@ -86,7 +203,7 @@ def stage_requests(stage: pd.Series, rng: np.random.Generator, start_s: float) -
                 "prompt_tokens": prompt,
                 "output_tokens": output,
                 "hash_ids": hash_ids,
-                "block_tokens": BLOCK,
+                "block_tokens": block,
             }
         )
     return rows
@@ -130,7 +247,7 @@ def simulate_run(run: pd.DataFrame, seed: int, directory: Path) -> dict[str, dic
     bounds = []
     start = 0.0
     for _, stage in run.iterrows():
-        stage_rows = stage_requests(stage, rng, start)
+        stage_rows = stage_requests(stage, rng, start, len(rows))
         bounds.append((str(stage["stage"]), len(rows), len(rows) + len(stage_rows)))
         rows += stage_rows
         start += float(stage["duration_s"])
@@ -166,12 +283,21 @@ def main() -> None:
         "--runs", type=Path, default=RUNS_FILE, help="real runs, in the columns of the default"
     )
     args = parser.parse_args()
-    real = pd.read_csv(args.runs)
+    try:
+        real = pd.read_csv(args.runs)
+    except (OSError, ValueError) as exc:
+        raise SystemExit(f"--runs {args.runs}: {exc}") from None
+    missing = sorted(set(REQUIRED) - set(real.columns))
+    if missing:
+        raise SystemExit(f"--runs {args.runs}: missing columns {', '.join(missing)}")
     errors: dict[tuple[str, str], list[float]] = {}
     table = []
     with tempfile.TemporaryDirectory() as tmp:
         for run_id, run in real.groupby("run_id", sort=False):
-            sims = [simulate_run(run, seed, Path(tmp)) for seed in range(args.seeds)]
+            try:
+                sims = [simulate_run(run, seed, Path(tmp)) for seed in range(args.seeds)]
+            except (RunsFileError, ScenarioError) as exc:
+                raise SystemExit(f"--runs {args.runs}: {exc}") from None
             for _, stage in run.iterrows():
                 name = str(stage["stage"])
                 row: dict[str, Any] = {"run": run_id, "stage": name, "rate": stage["rate_rps"]}
@@ -186,7 +312,8 @@ def main() -> None:
                         row[f"{key}_seed_spread"] = float(np.ptp(values)) / np.mean(values)
                         errors.setdefault((metric, stat), []).append(err)
                 table.append(row)
-    print(f"sim/real - 1 on {len(table)} real H100 stages ({args.seeds} seeds each, mean)")
+    gpus = ", ".join(sorted({catalogue_gpu(str(name)) for name in real["gpu"]}))
+    print(f"sim/real - 1 on {len(table)} real stages on {gpus} ({args.seeds} seeds each, mean)")
     header = f"{'stage':44s} {'rps':>4s}  " + "  ".join(
         f"{m}_{s:4s}" for m in METRICS for s in ("mean", "p90")
     )

@@ -1,0 +1,132 @@
+"""benchmarks/fidelity_gpu.py rebuilds each real stage's workload from the runs file's columns
+(how prompts repeat, how requests arrive, how many tokens they decode), scores it, and stops
+with a message naming the column when a cell is one it cannot read."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from benchmarks.fidelity_gpu import (
+    RUNS_FILE,
+    PromptReuse,
+    RunsFileError,
+    output_tokens,
+    prompt_reuse,
+    simulate_run,
+    stage_requests,
+)
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def runs() -> pd.DataFrame:
+    return pd.read_csv(RUNS_FILE)
+
+
+def _short(stage: pd.Series, **cells: object) -> pd.Series:
+    """The stage cut to 40 s (the rate kept), with ``cells`` overriding its columns."""
+    stage = stage.copy()
+    stage["duration_s"] = 40.0
+    stage["num_requests"] = int(40 * float(stage["rate_rps"]))
+    for column, value in cells.items():
+        stage[column] = value
+    return stage
+
+
+def test_the_shipped_cells_read_as_inference_perf_made_them(runs: pd.DataFrame) -> None:
+    stage = runs.iloc[0]
+    assert prompt_reuse(stage) == PromptReuse(groups=10, questions=10)
+    assert output_tokens(stage) == 247
+    rows = stage_requests(stage, np.random.default_rng(0), start_s=0.0)
+    assert len(rows) == int(stage["num_requests"])
+    arrivals = [row["arrival_s"] for row in rows]
+    assert arrivals == sorted(arrivals) and arrivals[0] == 0.0
+    assert arrivals[-1] <= float(stage["duration_s"])
+    # Every cycle of 100 requests sends each of the 100 prompts once.
+    prompts = [tuple(row["hash_ids"]) for row in rows]
+    for start in range(0, 1000, 100):
+        assert len(set(prompts[start : start + 100])) == 100
+    assert len(set(prompts)) == 100
+    # Prompts of one system prompt share its whole blocks and nothing after them.
+    block = int(stage["block_size"])
+    shared = int(stage["system_prompt_tokens"]) // block
+    first_blocks = {p[:shared] for p in prompts}
+    assert len(first_blocks) == 10
+    assert len({p[shared] for p in prompts}) == 100
+
+
+def test_no_reuse_gives_every_request_its_own_prompt_across_stages(runs: pd.DataFrame) -> None:
+    stage = _short(runs.iloc[0], prompt_reuse="none", system_prompt_tokens=0)
+    rng = np.random.default_rng(1)
+    first = stage_requests(stage, rng, 0.0, first_request=0)
+    second = stage_requests(stage, rng, 40.0, first_request=len(first))
+    ids = [block for row in first + second for block in row["hash_ids"]]
+    assert len(ids) == len(set(ids))
+    assert prompt_reuse(stage.drop("prompt_reuse")) == PromptReuse(0, 0)
+
+
+def test_constant_arrivals_are_evenly_spaced(runs: pd.DataFrame) -> None:
+    stage = _short(runs.iloc[0], arrival="constant")
+    gaps = np.diff([row["arrival_s"] for row in stage_requests(stage, np.random.default_rng(0), 0)])
+    assert np.allclose(gaps, 1 / float(stage["rate_rps"]))
+
+
+@pytest.mark.parametrize(
+    ("column", "value"),
+    [
+        ("prompt_reuse", "every prompt twice"),
+        ("arrival", "gamma, cv 3"),
+        ("output_tokens", "sampled from ShareGPT"),
+        ("system_prompt_tokens", 10_000),
+    ],
+)
+def test_a_cell_it_cannot_rebuild_names_its_column(
+    runs: pd.DataFrame, column: str, value: object
+) -> None:
+    stage = _short(runs.iloc[0], **{column: value})
+    with pytest.raises(RunsFileError, match=column):
+        stage_requests(stage, np.random.default_rng(0), 0.0)
+
+
+def test_a_shortened_run_simulates_both_stages(runs: pd.DataFrame, tmp_path: Path) -> None:
+    run = runs[runs["run_id"] == runs.iloc[0]["run_id"]].apply(_short, axis=1)
+    stats = simulate_run(run, seed=0, directory=tmp_path)
+    assert set(stats) == set(run["stage"])
+    for stage in stats.values():
+        assert 0 < stage["tpot_mean"] < stage["ttft_mean"] < stage["e2e_mean"]
+        assert stage["ttft_p50"] <= stage["ttft_p90"] <= stage["ttft_p99"]
+
+
+def test_a_runs_file_it_cannot_score_stops_with_the_reason(
+    runs: pd.DataFrame, tmp_path: Path
+) -> None:
+    bad = runs.iloc[:1].copy()
+    bad["model"] = "acme/NoSuchModel-7B"
+    path = tmp_path / "runs.csv"
+    bad.to_csv(path, index=False)
+    done = subprocess.run(
+        [sys.executable, "benchmarks/fidelity_gpu.py", "--runs", str(path), "--seeds", "1"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode != 0
+    assert "Traceback" not in done.stderr
+    assert "NoSuchModel" in done.stderr and str(path) in done.stderr
+    runs.drop(columns=["arrival"]).to_csv(path, index=False)
+    done = subprocess.run(
+        [sys.executable, "benchmarks/fidelity_gpu.py", "--runs", str(path)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode != 0 and "missing columns arrival" in done.stderr
