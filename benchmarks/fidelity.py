@@ -50,18 +50,13 @@ from typing import Any
 import numpy as np
 
 from calibration.fit import fit_steps, predict_seconds
-from calibration.loaded import (
-    completed_rate,
-    fit_loaded,
-    live_runner,
-    replays_from_summary,
-    run_loaded,
-)
+from calibration.loaded import fit_loaded, live_runner, replays_from_summary, run_loaded
 from calibration.measure_plan import MeasurementPlan, parse_budget
 from calibration.measure_runner import measure
 from calibration.observations import Observation, observations_from_json, observations_to_json
 from calibration.profile import fitted_profile
 from calibration.records import fit_scenario_to_records, read_records
+from calibration.replay_fit import completed_rate
 from live.replay import Target
 from live.run import run_live
 from live.server import VLLMServer

@@ -196,7 +196,7 @@ class MetricsDelta:
 
     def ttft_parts(self) -> dict[str, float] | None:
         """vLLM's mean TTFT and its parts in seconds: ``ttft = outside_engine + queue +
-        prefill`` (the names calibration.loaded.ttft_parts gives a simulated run's); None
+        prefill`` (the names calibration.replay_fit.ttft_parts gives a simulated run's); None
         where the server did not expose the phase histograms."""
         outside = self.ttft_outside_engine_s
         if math.isnan(outside):

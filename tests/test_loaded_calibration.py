@@ -17,14 +17,13 @@ from calibration.loaded import (
     BURST_MAX_BATCHES,
     LOADED_SHARES,
     MIN_LOADED_S,
-    ReplayOutcome,
-    completed_rate,
     fit_loaded,
     replays_from_summary,
     retimed_requests,
     run_loaded,
 )
 from calibration.observations import Observation
+from calibration.replay_fit import ReplayOutcome, completed_rate
 from sim.engine.coefficients import CalibratedCoefficients
 from sim.engine.latency import BatchShape
 from sim.engine.request import Request
