@@ -12,10 +12,12 @@ import pytest
 import yaml
 
 from sim.catalog.hardware import GPU_CATALOG
+from sim.catalog.models import MODEL_CATALOG, get_model
 from sim.planning.export import (
     DEFAULT_VLLM_VERSION,
     GPU_PRODUCT_LABEL,
     GPU_PRODUCTS,
+    HF_IDS,
     kubernetes_manifests,
     vllm_serve_command,
 )
@@ -302,3 +304,10 @@ def test_expert_parallel_reaches_the_serve_line() -> None:
         )
     )
     assert "--enable-expert-parallel" in shlex.split(vllm_serve_command(scenario))
+
+
+def test_every_catalogue_model_exports_a_hugging_face_id_that_resolves_back_to_it() -> None:
+    public = set(MODEL_CATALOG) - {"servesim-tiny-llama"}  # generated locally, never published
+    assert public <= set(HF_IDS), f"no Hugging Face id for {sorted(public - set(HF_IDS))}"
+    for key, hf_id in HF_IDS.items():
+        assert "/" in hf_id and get_model(hf_id).name == key

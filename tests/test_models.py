@@ -63,6 +63,8 @@ def _hf_config(arch: ModelArch) -> dict[str, Any]:
             "v_head_dim": arch.v_head_dim,
         }
         del config["head_dim"]  # DeepSeek's configs name it qk_nope_head_dim
+    elif arch.qk_norm and not arch.is_moe:  # dense Qwen3's layout
+        config |= {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3"}
     elif arch.qk_norm:  # Qwen3-MoE's layout
         config |= {
             "model_type": "qwen3_moe",
@@ -91,13 +93,25 @@ def test_catalogue_keys() -> None:
     assert model_names() == [
         "llama-3.1-8b",
         "llama-2-7b",
+        "llama-2-13b",
+        "llama-2-70b",
+        "llama-3-8b",
+        "llama-3-70b",
         "llama-3.1-70b",
         "llama-3.1-405b",
+        "llama-3.2-1b",
+        "llama-3.2-3b",
         "llama-3.3-70b",
         "mistral-7b",
+        "qwen2.5-3b",
         "qwen2.5-7b",
+        "qwen2.5-14b",
         "qwen2.5-32b",
         "qwen2.5-72b",
+        "qwen3-4b",
+        "qwen3-8b",
+        "qwen3-14b",
+        "qwen3-32b",
         "mixtral-8x7b",
         "qwen3-30b-a3b",
         "deepseek-v2-lite",
@@ -117,6 +131,23 @@ def test_catalogue_keys() -> None:
         ("qwen2.5-32b", 32.8e9, 0.01),
         ("qwen2.5-72b", 72.7e9, 0.01),
         ("mistral-7b", 7.24e9, 0.01),
+        # Llama 2's and Llama 3's model cards round to 13B, 70B, 8B and 70B; these are their
+        # checkpoints' sizes (Llama-2-70B is 69.0B: Llama-3-70B's layers, a 32,000 vocabulary).
+        ("llama-2-13b", 13.0e9, 0.005),
+        ("llama-2-70b", 69.0e9, 0.005),
+        ("llama-3-8b", 8.03e9, 0.005),
+        ("llama-3-70b", 70.55e9, 0.005),
+        # Llama 3.2's model card: "1B (1.23B)", "3B (3.21B)".
+        ("llama-3.2-1b", 1.23e9, 0.01),
+        ("llama-3.2-3b", 3.21e9, 0.01),
+        # Qwen3's model cards, "Number of Parameters": 4.0B, 8.2B, 14.8B, 32.8B.
+        ("qwen3-4b", 4.0e9, 0.01),
+        ("qwen3-8b", 8.2e9, 0.01),
+        ("qwen3-14b", 14.8e9, 0.01),
+        ("qwen3-32b", 32.8e9, 0.01),
+        # Qwen2.5's model cards: 14.7B and 3.09B.
+        ("qwen2.5-14b", 14.7e9, 0.01),
+        ("qwen2.5-3b", 3.09e9, 0.01),
     ],
 )
 def test_num_params_match_published_sizes(key: str, published: float, tolerance: float) -> None:
@@ -129,6 +160,54 @@ def test_exact_parameter_counts() -> None:
     assert get_model("qwen2.5-7b").num_params == 7_615_616_512
     assert get_model("mistral-7b").num_params == 7_248_023_552
     assert get_model("meta-llama/Llama-2-7b-hf").num_params == 6_738_415_616
+
+
+@pytest.mark.parametrize(
+    ("key", "tensor_elements"),
+    [
+        # Tensor-element totals of the published checkpoints as loaders report them: keras-hub's
+        # presets ("params" in keras_hub/src/models/{llama3,qwen,qwen3}/*_presets.py: Llama-3-8B,
+        # Qwen2.5-3B, Qwen3-4B/8B/14B/32B) and, for the rest, llama.cpp's n_params or a
+        # transformers numel() sum quoted in public repositories. Only a count whose every shape
+        # field is right matches to the element (max_position_embeddings is not a weight).
+        ("llama-2-13b", 13_015_864_320),
+        ("llama-2-70b", 68_976_648_192),
+        ("llama-3-8b", 8_030_261_248),
+        ("llama-3-70b", 70_553_706_496),
+        ("llama-3.2-1b", 1_235_814_400),
+        ("llama-3.2-3b", 3_212_749_824),
+        ("qwen3-4b", 4_022_468_096),
+        ("qwen3-8b", 8_190_735_360),
+        ("qwen3-14b", 14_768_307_200),
+        ("qwen3-32b", 32_762_123_264),
+        ("qwen2.5-14b", 14_770_033_664),
+        ("qwen2.5-3b", 3_085_938_688),
+    ],
+)
+def test_exact_parameter_counts_of_added_models(key: str, tensor_elements: int) -> None:
+    assert get_model(key).num_params == tensor_elements
+
+
+def test_llama_3_is_llama_3_1_with_an_8k_context() -> None:
+    for size in ("8b", "70b"):
+        llama_3, llama_3_1 = get_model(f"llama-3-{size}"), get_model(f"llama-3.1-{size}")
+        assert llama_3.max_position_embeddings == 8192
+        assert (
+            dataclasses.replace(llama_3, name=llama_3_1.name, max_position_embeddings=131072)
+            == llama_3_1
+        )
+
+
+def test_small_models_share_the_embedding_and_qwen3_norms_q_and_k() -> None:
+    llama_1b = get_model("llama-3.2-1b")
+    assert llama_1b.lm_head_params == 0
+    # 64-wide heads: 2 (K and V) x 8 KV heads x 64 x 16 layers x 2 bytes.
+    assert llama_1b.kv_bytes_per_token("bf16") == 2 * 8 * 64 * 16 * 2
+    assert get_model("qwen3-4b").lm_head_params == 0 and get_model("qwen2.5-3b").lm_head_params == 0
+    qwen3_8b = get_model("qwen3-8b")
+    assert qwen3_8b.qk_norm and not qwen3_8b.attention_bias and qwen3_8b.lm_head_params > 0
+    without_norm = dataclasses.replace(qwen3_8b, qk_norm=False)
+    assert qwen3_8b.num_params - without_norm.num_params == 36 * 2 * 128
 
 
 def test_llama_8b_parameter_breakdown() -> None:
@@ -190,6 +269,21 @@ def test_weight_bytes() -> None:
         ("Qwen/Qwen2.5-7B-Instruct", "qwen2.5-7b"),
         ("Qwen/Qwen2.5-72B", "qwen2.5-72b"),
         ("QWEN2.5_32B", "qwen2.5-32b"),
+        ("meta-llama/Meta-Llama-3-8B", "llama-3-8b"),
+        ("meta-llama/Meta-Llama-3-8B-Instruct", "llama-3-8b"),
+        ("meta-llama/Meta-Llama-3-70B-Instruct", "llama-3-70b"),
+        ("meta-llama/Llama-2-13b-hf", "llama-2-13b"),
+        ("meta-llama/Llama-2-13b-chat-hf", "llama-2-13b"),
+        ("meta-llama/Llama-2-70b-hf", "llama-2-70b"),
+        ("meta-llama/Llama-2-70b-chat-hf", "llama-2-70b"),
+        ("meta-llama/Llama-3.2-1B", "llama-3.2-1b"),
+        ("meta-llama/Llama-3.2-3B-Instruct", "llama-3.2-3b"),
+        ("Qwen/Qwen3-4B", "qwen3-4b"),
+        ("Qwen/Qwen3-8B", "qwen3-8b"),
+        ("Qwen/Qwen3-14B", "qwen3-14b"),
+        ("Qwen/Qwen3-32B", "qwen3-32b"),
+        ("Qwen/Qwen2.5-14B-Instruct", "qwen2.5-14b"),
+        ("Qwen/Qwen2.5-3B", "qwen2.5-3b"),
     ],
 )
 def test_get_model_aliases(name: str, key: str) -> None:

@@ -1,10 +1,11 @@
 """Model architectures: parameter counts, weight bytes and KV-cache bytes per token.
 
 Decoder-only transformers of the Llama family (RMSNorm, grouped-query attention, gated SiLU
-MLP, no MLP biases); Mistral and Qwen2/2.5 share that shape, Qwen2 adding biases to the q, k and
-v projections. Mixtures of experts (Mixtral, Qwen3-MoE, DeepSeek-MoE) and DeepSeek's latent
-attention are described by optional fields. That is all a serving simulator needs: how many
-bytes of weights stream through the GPU per step and how many bytes of KV cache each token pins.
+MLP, no MLP biases); Mistral, Qwen2/2.5 and Qwen3 share that shape, Qwen2 adding biases to the
+q, k and v projections and Qwen3 an RMSNorm over each head's q and k. Mixtures of experts
+(Mixtral, Qwen3-MoE, DeepSeek-MoE) and DeepSeek's latent attention are described by optional
+fields. That is all a serving simulator needs: how many bytes of weights stream through the GPU
+per step and how many bytes of KV cache each token pins.
 
 Every catalogue entry is transcribed from the model's Hugging Face ``config.json``, cited next to
 it; :func:`sim.catalog.hf_config.load_hf_config` reads any other such config from disk.
@@ -361,6 +362,62 @@ MODEL_CATALOG: dict[str, ModelArch] = {
         tie_word_embeddings=False,
         max_position_embeddings=4096,
     ),
+    # https://huggingface.co/meta-llama/Llama-2-13b-hf/blob/main/config.json (multi-head
+    # attention, like the 7B).
+    "llama-2-13b": ModelArch(
+        name="llama-2-13b",
+        num_layers=40,
+        hidden_size=5120,
+        num_attention_heads=40,
+        num_key_value_heads=40,
+        head_dim=128,
+        intermediate_size=13824,
+        vocab_size=32000,
+        tie_word_embeddings=False,
+        max_position_embeddings=4096,
+    ),
+    # https://huggingface.co/meta-llama/Llama-2-70b-hf/blob/main/config.json (grouped-query
+    # attention: 8 KV heads; Llama-3-70B's layers with Llama-2's 32,000-token vocabulary).
+    "llama-2-70b": ModelArch(
+        name="llama-2-70b",
+        num_layers=80,
+        hidden_size=8192,
+        num_attention_heads=64,
+        num_key_value_heads=8,
+        head_dim=128,
+        intermediate_size=28672,
+        vocab_size=32000,
+        tie_word_embeddings=False,
+        max_position_embeddings=4096,
+    ),
+    # https://huggingface.co/meta-llama/Meta-Llama-3-8B/blob/main/config.json: Llama-3.1-8B's
+    # shapes with an 8,192-token context (no rope_scaling).
+    "llama-3-8b": ModelArch(
+        name="llama-3-8b",
+        num_layers=32,
+        hidden_size=4096,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        head_dim=128,
+        intermediate_size=14336,
+        vocab_size=128256,
+        tie_word_embeddings=False,
+        max_position_embeddings=8192,
+    ),
+    # https://huggingface.co/meta-llama/Meta-Llama-3-70B/blob/main/config.json: Llama-3.1-70B's
+    # shapes with an 8,192-token context.
+    "llama-3-70b": ModelArch(
+        name="llama-3-70b",
+        num_layers=80,
+        hidden_size=8192,
+        num_attention_heads=64,
+        num_key_value_heads=8,
+        head_dim=128,
+        intermediate_size=28672,
+        vocab_size=128256,
+        tie_word_embeddings=False,
+        max_position_embeddings=8192,
+    ),
     # https://huggingface.co/meta-llama/Llama-3.1-70B/blob/main/config.json
     "llama-3.1-70b": ModelArch(
         name="llama-3.1-70b",
@@ -386,6 +443,33 @@ MODEL_CATALOG: dict[str, ModelArch] = {
         intermediate_size=53248,
         vocab_size=128256,
         tie_word_embeddings=False,
+        max_position_embeddings=131072,
+    ),
+    # https://huggingface.co/meta-llama/Llama-3.2-1B/blob/main/config.json: the LM head shares
+    # the embedding's weights (tie_word_embeddings), and heads are 64 wide (2048 / 32).
+    "llama-3.2-1b": ModelArch(
+        name="llama-3.2-1b",
+        num_layers=16,
+        hidden_size=2048,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        head_dim=64,
+        intermediate_size=8192,
+        vocab_size=128256,
+        tie_word_embeddings=True,
+        max_position_embeddings=131072,
+    ),
+    # https://huggingface.co/meta-llama/Llama-3.2-3B/blob/main/config.json (tied embeddings).
+    "llama-3.2-3b": ModelArch(
+        name="llama-3.2-3b",
+        num_layers=28,
+        hidden_size=3072,
+        num_attention_heads=24,
+        num_key_value_heads=8,
+        head_dim=128,
+        intermediate_size=8192,
+        vocab_size=128256,
+        tie_word_embeddings=True,
         max_position_embeddings=131072,
     ),
     # https://huggingface.co/meta-llama/Llama-3.3-70B-Instruct/blob/main/config.json (3.3 was
@@ -417,6 +501,21 @@ MODEL_CATALOG: dict[str, ModelArch] = {
         tie_word_embeddings=False,
         max_position_embeddings=32768,
     ),
+    # https://huggingface.co/Qwen/Qwen2.5-3B/blob/main/config.json (q/k/v biases, tied
+    # embeddings and the 151,936-token vocabulary of the smaller Qwen2.5 models; 32,768 positions).
+    "qwen2.5-3b": ModelArch(
+        name="qwen2.5-3b",
+        num_layers=36,
+        hidden_size=2048,
+        num_attention_heads=16,
+        num_key_value_heads=2,
+        head_dim=128,
+        intermediate_size=11008,
+        vocab_size=151936,
+        tie_word_embeddings=True,
+        max_position_embeddings=32768,
+        attention_bias=True,
+    ),
     # https://huggingface.co/Qwen/Qwen2.5-7B/blob/main/config.json (model_type qwen2: q/k/v
     # biases). The base config says max_position_embeddings 131072; the -Instruct config says
     # 32768 (YaRN extends it), with identical weight shapes.
@@ -428,6 +527,20 @@ MODEL_CATALOG: dict[str, ModelArch] = {
         num_key_value_heads=4,
         head_dim=128,
         intermediate_size=18944,
+        vocab_size=152064,
+        tie_word_embeddings=False,
+        max_position_embeddings=131072,
+        attention_bias=True,
+    ),
+    # https://huggingface.co/Qwen/Qwen2.5-14B/blob/main/config.json
+    "qwen2.5-14b": ModelArch(
+        name="qwen2.5-14b",
+        num_layers=48,
+        hidden_size=5120,
+        num_attention_heads=40,
+        num_key_value_heads=8,
+        head_dim=128,
+        intermediate_size=13824,
         vocab_size=152064,
         tie_word_embeddings=False,
         max_position_embeddings=131072,
@@ -460,6 +573,65 @@ MODEL_CATALOG: dict[str, ModelArch] = {
         tie_word_embeddings=False,
         max_position_embeddings=131072,
         attention_bias=True,
+    ),
+    # https://huggingface.co/Qwen/Qwen3-4B/blob/main/config.json (model_type qwen3): q/k RMSNorm
+    # per head and no attention biases; head_dim 128 although hidden_size / heads is 80; tied
+    # embeddings. max_position_embeddings 40960 (the model card's 32,768-token context plus
+    # room for the output).
+    "qwen3-4b": ModelArch(
+        name="qwen3-4b",
+        num_layers=36,
+        hidden_size=2560,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        head_dim=128,
+        intermediate_size=9728,
+        vocab_size=151936,
+        tie_word_embeddings=True,
+        max_position_embeddings=40960,
+        qk_norm=True,
+    ),
+    # https://huggingface.co/Qwen/Qwen3-8B/blob/main/config.json (untied embeddings from 8B up).
+    "qwen3-8b": ModelArch(
+        name="qwen3-8b",
+        num_layers=36,
+        hidden_size=4096,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        head_dim=128,
+        intermediate_size=12288,
+        vocab_size=151936,
+        tie_word_embeddings=False,
+        max_position_embeddings=40960,
+        qk_norm=True,
+    ),
+    # https://huggingface.co/Qwen/Qwen3-14B/blob/main/config.json
+    "qwen3-14b": ModelArch(
+        name="qwen3-14b",
+        num_layers=40,
+        hidden_size=5120,
+        num_attention_heads=40,
+        num_key_value_heads=8,
+        head_dim=128,
+        intermediate_size=17408,
+        vocab_size=151936,
+        tie_word_embeddings=False,
+        max_position_embeddings=40960,
+        qk_norm=True,
+    ),
+    # https://huggingface.co/Qwen/Qwen3-32B/blob/main/config.json (head_dim 128, not 5120 / 64).
+    "qwen3-32b": ModelArch(
+        name="qwen3-32b",
+        num_layers=64,
+        hidden_size=5120,
+        num_attention_heads=64,
+        num_key_value_heads=8,
+        head_dim=128,
+        intermediate_size=25600,
+        vocab_size=151936,
+        tie_word_embeddings=False,
+        max_position_embeddings=40960,
+        qk_norm=True,
     ),
     # https://huggingface.co/mistralai/Mixtral-8x7B-v0.1/blob/main/config.json: 8 experts
     # ("num_local_experts") of Mistral-7B's MLP width, 2 per token; 46.7B parameters, 12.9B
@@ -546,6 +718,10 @@ _MODEL_ALIASES: dict[str, str] = {
     "mistral-7b-instruct-v0.3": "mistral-7b",
     "llama-2-7b-hf": "llama-2-7b",
     "llama-2-7b-chat-hf": "llama-2-7b",
+    "llama-2-13b-hf": "llama-2-13b",
+    "llama-2-13b-chat-hf": "llama-2-13b",
+    "llama-2-70b-hf": "llama-2-70b",
+    "llama-2-70b-chat-hf": "llama-2-70b",
     "mixtral-8x7b-v0.1": "mixtral-8x7b",
     "mixtral-8x7b-instruct-v0.1": "mixtral-8x7b",
 }
@@ -566,9 +742,10 @@ def get_model(name: str) -> ModelArch:
     """The catalogue model called ``name``.
 
     Case-insensitive; Hugging Face ids work too (``'meta-llama/Llama-3.1-8B'``,
-    ``'meta-llama/Meta-Llama-3.1-8B-Instruct'``, ``'Qwen/Qwen2.5-7B-Instruct'``,
-    ``'mistralai/Mistral-7B-Instruct-v0.3'``); an Instruct variant resolves to its base model's
-    entry. An unknown name raises ``ValueError`` with the closest catalogue names.
+    ``'meta-llama/Meta-Llama-3.1-8B-Instruct'``, ``'meta-llama/Llama-2-70b-chat-hf'``,
+    ``'Qwen/Qwen2.5-7B-Instruct'``, ``'Qwen/Qwen3-8B'``, ``'mistralai/Mistral-7B-Instruct-v0.3'``);
+    an Instruct or chat variant resolves to its base model's entry. An unknown name raises
+    ``ValueError`` with the closest catalogue names.
     """
     key = _normalise_model_name(name)
     if key in MODEL_CATALOG:
