@@ -380,6 +380,23 @@ def test_fuzzed_scenarios_fail_cleanly_or_run_with_the_invariants(
     check_invariants(effective, simulation.scheduler.kv.num_blocks, simulation, result)
 
 
+def test_a_length_past_32_bits_is_refused_and_a_sampled_tail_past_them_is_rejected() -> None:
+    # Found by the fuzz above: a constant length of 2**31 wrapped to -2**31 in the workload's
+    # int32 columns and stopped the run with an assertion.
+    data = scenario_dict()
+    data["workload"]["prompt_tokens"] = {"type": "constant", "value": 2**31}
+    with pytest.raises(ScenarioError) as caught:
+        parse_scenario(data)
+    assert caught.value.problems == [
+        "workload.prompt_tokens.value: must be <= 2147483647, got 2147483648"
+    ]
+    data["workload"]["num_requests"] = 20
+    data["workload"]["prompt_tokens"] = {"type": "lognormal", "mu": 30, "sigma": 1}  # ~1e13
+    records = build(parse_scenario(data)).run().records
+    assert (records["status"] == RequestStatus.REJECTED.value).all()
+    assert (records["prompt_tokens"] > 0).all()
+
+
 def test_a_long_span_sampled_finely_stretches_the_interval_with_a_warning() -> None:
     data = scenario_dict()
     data["workload"] = {

@@ -8,7 +8,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
 
-from sim.scenario.base import PositiveFloat, PositiveInt, Spec
+from sim.scenario.base import PositiveFloat, PositiveInt, Spec, TokenCount
 from sim.workload.arrivals import PiecewiseRate
 from sim.workload.generate import MAX_REQUESTS
 from sim.workload.lengths import LogNormalLength
@@ -110,8 +110,8 @@ ArrivalSpec = Annotated[
 
 # -- lengths --------------------------------------------------------------------------------
 class _Clip(Spec):
-    min_tokens: PositiveInt = 1
-    max_tokens: PositiveInt | None = None
+    min_tokens: TokenCount = 1
+    max_tokens: TokenCount | None = None
 
     @model_validator(mode="after")
     def _ordered(self) -> _Clip:
@@ -126,15 +126,15 @@ class ConstantLengthSpec(Spec):
     """Every request has ``value`` tokens."""
 
     type: Literal["constant"]
-    value: PositiveInt
+    value: TokenCount
 
 
 class UniformLengthSpec(Spec):
     """Integers uniform in ``[low, high]``."""
 
     type: Literal["uniform"]
-    low: PositiveInt
-    high: PositiveInt
+    low: TokenCount
+    high: TokenCount
 
     @model_validator(mode="after")
     def _ordered(self) -> UniformLengthSpec:
@@ -189,7 +189,7 @@ class SharedPrefixSpec(Spec):
 
     type: Literal["shared"]
     num_groups: PositiveInt
-    prefix_tokens: PositiveInt
+    prefix_tokens: TokenCount
     share: Annotated[float, Field(ge=0, le=1)] = 1.0
 
 

@@ -57,6 +57,8 @@ PrefixStructure = SharedPrefix | MultiTurn | None
 MAX_REQUESTS = 10_000_000
 #: The most prompt segments a multi-turn workload may hold (each turn repeats its history).
 MAX_SESSION_SEGMENTS = 200_000_000
+#: Lengths are held as 32-bit integers (SyntheticRequests).
+INT32_MAX = int(np.iinfo(np.int32).max)
 
 
 def _unique(salt: int, request_id: int, part: int) -> int:
@@ -160,8 +162,10 @@ class SyntheticRequests(Sequence[Request]):
         salt: int,
     ) -> None:
         self.times = np.asarray(times, dtype=np.float64)
-        self.prompts = np.asarray(prompts, dtype=np.int32)
-        self.outputs = np.asarray(outputs, dtype=np.int32)
+        # A sampled tail past 32 bits (an unclipped lognormal) is held at the most an int32
+        # holds: longer than any context, it is rejected all the same.
+        self.prompts = np.minimum(prompts, INT32_MAX).astype(np.int32)
+        self.outputs = np.minimum(outputs, INT32_MAX).astype(np.int32)
         self.groups = np.asarray(groups, dtype=np.int32)
         self.prefix = prefix
         self.salt = salt
