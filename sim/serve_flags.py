@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from sim.catalog.models import checkpoint_dtype
 from sim.scenario import EngineSpec, Scenario
 
 #: The CPU attention backend only supports block sizes that are multiples of this (vLLM 0.32).
@@ -94,13 +95,21 @@ PREQUANTIZED = {"int4": "awq_marlin", "int8": "compressed-tensors"}
 
 
 def dtype_args(
-    dtype: str, kv_cache_dtype: str = "auto", quantization: str = "auto"
+    dtype: str,
+    kv_cache_dtype: str = "auto",
+    quantization: str = "auto",
+    *,
+    quantized_checkpoint: bool = False,
 ) -> tuple[str, list[str]]:
     """vLLM's ``--dtype`` and extra flags for a scenario's ``dtype``, ``kv_cache_dtype`` and
     ``quantization`` method.
 
     fp8 weights are vLLM's dynamic fp8 quantization of a 16-bit checkpoint; int8 and int4 need a
-    quantized checkpoint (PREQUANTIZED), or bitsandbytes' on-the-fly quantization.
+    quantized checkpoint (PREQUANTIZED), or bitsandbytes' on-the-fly quantization. A model
+    named as a quantized checkpoint (``quantized_checkpoint``: ``Qwen/Qwen3-8B-FP8``, see
+    sim.catalog.models.checkpoint_dtype) gets no ``--quantization``: vLLM reads the method from
+    the checkpoint's config, and refuses a flag that names another (compressed-tensors FP8
+    checkpoints under ``--quantization fp8``, GPTQ ones under ``awq_marlin``).
     """
     extra: list[str] = []
     match dtype:
@@ -117,6 +126,8 @@ def dtype_args(
             extra += ["--quantization", method]
         case _:
             raise ValueError(f"dtype: vLLM has no setting for {dtype!r}")
+    if quantized_checkpoint and quantization != "bitsandbytes":
+        extra = []
     if kv_cache_dtype == "fp8":
         extra += ["--kv-cache-dtype", "fp8"]
     return torch_dtype, extra
@@ -125,7 +136,13 @@ def dtype_args(
 def scenario_dtype_args(scenario: Scenario) -> tuple[str, list[str]]:
     """``--dtype`` and the scenario-level flags beyond the engine section: weight and KV-cache
     dtypes, their quantization method and pipeline parallelism."""
-    torch_dtype, extra = dtype_args(scenario.dtype, scenario.kv_cache_dtype, scenario.quantization)
+    named = scenario.model if isinstance(scenario.model, str) else ""
+    torch_dtype, extra = dtype_args(
+        scenario.dtype,
+        scenario.kv_cache_dtype,
+        scenario.quantization,
+        quantized_checkpoint=checkpoint_dtype(named) is not None,
+    )
     if scenario.engine.pipeline_parallel_size > 1:
         extra += ["--pipeline-parallel-size", str(scenario.engine.pipeline_parallel_size)]
     return torch_dtype, extra

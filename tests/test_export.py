@@ -272,6 +272,28 @@ def test_quantized_weights_export_their_quantization() -> None:
     assert "--quantization" not in bf16 and model == "meta-llama/Llama-3.1-8B"
 
 
+@pytest.mark.parametrize(
+    ("checkpoint", "dtype"),
+    [
+        ("Qwen/Qwen3-8B-FP8", "fp8"),
+        ("RedHatAI/Llama-3.1-8B-Instruct-FP8-dynamic", "fp8"),
+        ("Qwen/Qwen2.5-7B-Instruct-GPTQ-Int8", "int8"),
+        ("Qwen/Qwen2.5-7B-Instruct-AWQ", "int4"),
+    ],
+)
+def test_a_named_quantized_checkpoint_is_served_as_named(checkpoint: str, dtype: str) -> None:
+    # Its weights are simulated at the dtype its name says; vLLM reads the method from its
+    # config, so no --quantization (one naming another method is refused).
+    scenario = parse_scenario(scenario_dict(model=checkpoint))
+    assert scenario.dtype == dtype
+    words = shlex.split(vllm_serve_command(scenario))
+    assert words[2] == checkpoint and "--quantization" not in flags(words)
+    nf4 = parse_scenario(
+        scenario_dict(model="unsloth/Llama-3.2-1B-bnb-4bit", quantization="bitsandbytes")
+    )
+    assert flags(shlex.split(vllm_serve_command(nf4)))["--quantization"] == "bitsandbytes"
+
+
 def test_the_image_is_pinned_to_the_plans_vllm_version() -> None:
     default = manifests(parse_scenario(scenario_dict()))[0]
     assert container(default)["image"] == f"vllm/vllm-openai:v{DEFAULT_VLLM_VERSION}"

@@ -113,6 +113,16 @@ def test_unknown_model_and_gpu_suggest_names() -> None:
     assert "did you mean 'h100-sxm'" in problems(scenario_dict(gpu="h10-sxm"))[0]
 
 
+def test_a_quantized_checkpoint_sets_the_dtype_and_contradicting_it_is_refused() -> None:
+    assert parse_scenario(scenario_dict(model="Qwen/Qwen3-8B-FP8")).dtype == "fp8"
+    assert parse_scenario(scenario_dict(model="Qwen/Qwen3-8B-FP8", dtype="fp8")).dtype == "fp8"
+    found = problems(scenario_dict(model="Qwen/Qwen2.5-7B-Instruct-AWQ", dtype="bf16"))
+    assert found == [
+        "dtype: model 'Qwen/Qwen2.5-7B-Instruct-AWQ' is an int4 checkpoint but dtype is 'bf16'; "
+        "set dtype: int4, or name the 16-bit model"
+    ]
+
+
 def test_w8a8_fp8_on_a100_is_refused() -> None:
     # An A100 has no fp8 tensor cores: fp8 weights can only run weight-only there.
     found = problems(scenario_dict(gpu="a100-80gb-sxm", dtype="fp8", quantization="w8a8"))

@@ -727,14 +727,65 @@ _MODEL_ALIASES: dict[str, str] = {
 }
 
 
+#: Name suffixes of quantized checkpoints (the architecture of the model they quantize, fewer
+#: bytes per weight) and the weight dtype each implies, as the common publishers name them:
+#: "-FP8" and "-FP8-dynamic" (Neural Magic / Red Hat, Qwen), "-quantized.w4a16" / "w8a16" /
+#: "w8a8" (Red Hat's integer ones), "-AWQ", "-AWQ-INT4" (AutoAWQ, hugging-quants), "-GPTQ-Int4"
+#: / "-Int8" (Qwen; a bare "-GPTQ" is 4-bit), "-bnb-4bit" (bitsandbytes). The longest match
+#: wins, so their order here does not matter.
+_QUANTIZED_SUFFIXES: dict[str, str] = {
+    "-fp8": "fp8",
+    "-fp8-dynamic": "fp8",
+    "-awq": "int4",
+    "-awq-int4": "int4",
+    "-gptq": "int4",
+    "-gptq-int4": "int4",
+    "-gptq-int8": "int8",
+    "-quantized.w4a16": "int4",
+    "-quantized.w8a16": "int8",
+    "-quantized.w8a8": "int8",
+    "-w4a16": "int4",
+    "-w8a16": "int8",
+    "-w8a8": "int8",
+    "-int4": "int4",
+    "-int8": "int8",
+    "-bnb-4bit": "int4",
+}
+
+
+def _repo_key(name: str) -> str:
+    """Lower-case repo name without the org or the ``Meta-`` prefix."""
+    return name.strip().lower().rsplit("/", 1)[-1].replace("_", "-").removeprefix("meta-")
+
+
+def _split_quantization(key: str) -> tuple[str, str | None]:
+    """``key`` without a quantized checkpoint's suffix, and the weight dtype it implies."""
+    matches = [suffix for suffix in _QUANTIZED_SUFFIXES if key.endswith(suffix)]
+    if not matches:
+        return key, None
+    suffix = max(matches, key=len)
+    return key[: -len(suffix)], _QUANTIZED_SUFFIXES[suffix]
+
+
+def checkpoint_dtype(name: str) -> str | None:
+    """The weight dtype a quantized checkpoint's name implies (``'Qwen/Qwen3-8B-FP8'`` → fp8,
+    ``'hugging-quants/Meta-Llama-3.1-8B-Instruct-AWQ-INT4'`` → int4); None for any other."""
+    key = _repo_key(name)
+    if key in _MODEL_ALIASES:
+        return None
+    return _split_quantization(key)[1]
+
+
 def _normalise_model_name(name: str) -> str:
-    """Lower-case repo name without the org, ``Meta-`` prefix or ``-Instruct`` suffix."""
-    key = name.strip().lower().rsplit("/", 1)[-1].replace("_", "-")
-    key = key.removeprefix("meta-")
+    """The catalogue key ``name`` resolves to: its repo name without the org, the ``Meta-``
+    prefix, a quantized checkpoint's suffix or an ``-Instruct`` / ``-Chat`` suffix."""
+    key = _repo_key(name)
     if key not in _MODEL_ALIASES:
-        # Instruct variants share the base model's architecture (Qwen2.5's differ only in
-        # max_position_embeddings), so they resolve to the base entry.
-        key = key.removesuffix("-instruct")
+        key = _split_quantization(key)[0]
+    if key not in _MODEL_ALIASES:
+        # Instruct and chat variants share the base model's architecture (Qwen2.5's differ
+        # only in max_position_embeddings), so they resolve to the base entry.
+        key = key.removesuffix("-instruct").removesuffix("-chat")
     return _MODEL_ALIASES.get(key, key)
 
 
@@ -744,8 +795,9 @@ def get_model(name: str) -> ModelArch:
     Case-insensitive; Hugging Face ids work too (``'meta-llama/Llama-3.1-8B'``,
     ``'meta-llama/Meta-Llama-3.1-8B-Instruct'``, ``'meta-llama/Llama-2-70b-chat-hf'``,
     ``'Qwen/Qwen2.5-7B-Instruct'``, ``'Qwen/Qwen3-8B'``, ``'mistralai/Mistral-7B-Instruct-v0.3'``);
-    an Instruct or chat variant resolves to its base model's entry. An unknown name raises
-    ``ValueError`` with the closest catalogue names.
+    an Instruct or chat variant resolves to its base model's entry, and so does a quantized
+    checkpoint (``'Qwen/Qwen3-8B-FP8'``; :func:`checkpoint_dtype` says its weight dtype). An
+    unknown name raises ``ValueError`` with the closest catalogue names.
     """
     key = _normalise_model_name(name)
     if key in MODEL_CATALOG:

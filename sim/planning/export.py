@@ -24,6 +24,7 @@ from typing import Any
 
 import yaml
 
+from sim.catalog.models import checkpoint_dtype
 from sim.scenario import CustomGPUSpec, Scenario
 from sim.serve_flags import scenario_dtype_args, vllm_serve_args
 
@@ -101,8 +102,11 @@ HF_INT4_IDS = {
 
 
 def _model_id(scenario: Scenario) -> str:
-    """What ``--model`` gets: the catalogue model's Hugging Face id (its int4 checkpoint for
-    int4 weights, where one is known), else its name."""
+    """What ``--model`` gets: a quantized checkpoint the scenario names, as named; else the
+    catalogue model's Hugging Face id (its int4 checkpoint for int4 weights, where one is
+    known), else its name."""
+    if isinstance(scenario.model, str) and checkpoint_dtype(scenario.model) is not None:
+        return scenario.model.strip()
     name = scenario.resolve_model().name
     if scenario.dtype == "int4" and scenario.quantization != "bitsandbytes":
         return HF_INT4_IDS.get(name, HF_IDS.get(name, name))

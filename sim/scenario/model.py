@@ -9,7 +9,7 @@ from pydantic import Field, model_validator
 
 from sim.catalog.hardware import GPU, get_gpu
 from sim.catalog.hf_config import load_hf_config
-from sim.catalog.models import ModelArch, get_model
+from sim.catalog.models import ModelArch, checkpoint_dtype, get_model
 from sim.engine.memory import kv_dtype_for
 from sim.scenario.base import Spec
 from sim.scenario.sections import (
@@ -56,6 +56,25 @@ class Scenario(Spec):
         latency = data.get("latency") if isinstance(data, dict) else None
         if isinstance(latency, dict) and set(latency) == {"profile"}:
             data = {**data, "latency": {"type": "profile", "path": latency["profile"]}}
+        return data
+
+    @model_validator(mode="before")
+    @classmethod
+    def _dtype_of_a_quantized_checkpoint(cls, data: Any) -> Any:
+        """A quantized checkpoint (``Qwen/Qwen3-8B-FP8``) sets ``dtype`` when the scenario does
+        not, and contradicts one that says otherwise."""
+        if not isinstance(data, dict) or not isinstance(data.get("model"), str):
+            return data
+        implied = checkpoint_dtype(data["model"])
+        if implied is None:
+            return data
+        if "dtype" not in data:
+            return {**data, "dtype": implied}
+        if data["dtype"] != implied:
+            raise ValueError(
+                f"dtype: model {data['model']!r} is an {implied} checkpoint but dtype is "
+                f"{data['dtype']!r}; set dtype: {implied}, or name the 16-bit model"
+            )
         return data
 
     @model_validator(mode="after")
