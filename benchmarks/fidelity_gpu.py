@@ -18,6 +18,10 @@ inference-perf. Each stage's workload is rebuilt from the file's columns, as inf
 * a run's stage_1 follows its stage_0 on the same server without a pause (so it starts with a
   warm cache and the stage_0 tail in flight): both are simulated as one run and scored apart.
 
+Optional columns set engine flags the default file leaves at vLLM's defaults: ``pp``,
+``gpu_memory_utilization``, ``enable_prefix_caching``, ``enable_chunked_prefill``,
+``async_scheduling`` and ``kv_cache_dtype``.
+
 The prompts are written as a servesim JSONL trace whose ``hash_ids`` name each 16-token block
 by what it holds (the blocks inside the system prompt by the group; the rest by the prompt), so
 the simulated prefix cache hits exactly where vLLM's does. Nothing here is fitted to the runs:
@@ -220,24 +224,52 @@ def catalogue_gpu(name: str) -> str:
     raise SystemExit(f"--runs: gpu {name!r} is not in the catalogue (sim/catalog/hardware.py)")
 
 
+#: Engine flags a runs file may add as columns (vLLM's defaults where it does not), and how to
+#: read a cell: the scenario's engine field each sets.
+OPTIONAL_ENGINE = {
+    "pp": ("pipeline_parallel_size", int),
+    "gpu_memory_utilization": ("gpu_memory_utilization", float),
+    "enable_prefix_caching": ("enable_prefix_caching", "bool"),
+    "enable_chunked_prefill": ("enable_chunked_prefill", "bool"),
+    "async_scheduling": ("async_scheduling", "bool"),
+}
+
+
+def _flag(stage: pd.Series, column: str) -> bool:
+    cell = stage[column]
+    text = str(cell).strip().lower()
+    if text in ("true", "1", "1.0", "yes"):
+        return True
+    if text in ("false", "0", "0.0", "no"):
+        return False
+    raise RunsFileError(f"{_where(stage, column)}: {cell!r} is not true or false")
+
+
 def scenario(run: pd.DataFrame, trace: Path, seed: int) -> dict[str, Any]:
     first = run.iloc[0]
-    return {
+    engine: dict[str, Any] = {
+        "tensor_parallel_size": int(first["tp"]),
+        "max_num_seqs": int(first["max_num_seqs"]),
+        "max_num_batched_tokens": int(first["max_num_batched_tokens"]),
+        "max_model_len": int(first["max_model_len"]),
+        "block_size": int(first["block_size"]),
+        "vllm_version": str(first["vllm_version"]),
+    }
+    for column, (field, kind) in OPTIONAL_ENGINE.items():
+        if column in first.index and not pd.isna(first[column]):
+            engine[field] = _flag(first, column) if kind == "bool" else kind(first[column])
+    data: dict[str, Any] = {
         "name": f"real-{first['run_id']}",
         "seed": seed,
         "model": str(first["model"]),
         "gpu": catalogue_gpu(str(first["gpu"])),
         "dtype": str(first["dtype"]),
-        "engine": {
-            "tensor_parallel_size": int(first["tp"]),
-            "max_num_seqs": int(first["max_num_seqs"]),
-            "max_num_batched_tokens": int(first["max_num_batched_tokens"]),
-            "max_model_len": int(first["max_model_len"]),
-            "block_size": int(first["block_size"]),
-            "vllm_version": str(first["vllm_version"]),
-        },
+        "engine": engine,
         "workload": {"trace": {"path": str(trace)}},
     }
+    if "kv_cache_dtype" in first.index and not pd.isna(first["kv_cache_dtype"]):
+        data["kv_cache_dtype"] = str(first["kv_cache_dtype"])
+    return data
 
 
 def simulate_run(run: pd.DataFrame, seed: int, directory: Path) -> dict[str, dict[str, float]]:

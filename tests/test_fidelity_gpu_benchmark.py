@@ -18,6 +18,7 @@ from benchmarks.fidelity_gpu import (
     RunsFileError,
     output_tokens,
     prompt_reuse,
+    scenario,
     simulate_run,
     stage_requests,
 )
@@ -130,3 +131,22 @@ def test_a_runs_file_it_cannot_score_stops_with_the_reason(
         check=False,
     )
     assert done.returncode != 0 and "missing columns arrival" in done.stderr
+
+
+def test_optional_engine_columns_reach_the_scenario(runs: pd.DataFrame, tmp_path: Path) -> None:
+    run = runs.iloc[:1].copy()
+    plain = scenario(run, tmp_path / "t.jsonl", 0)
+    assert set(plain["engine"]) == {
+        "tensor_parallel_size", "max_num_seqs", "max_num_batched_tokens", "max_model_len",
+        "block_size", "vllm_version",
+    }  # fmt: skip
+    assert "kv_cache_dtype" not in plain
+    run["enable_prefix_caching"] = "false"
+    run["gpu_memory_utilization"] = 0.8
+    run["kv_cache_dtype"] = "fp8"
+    data = scenario(run, tmp_path / "t.jsonl", 0)
+    assert data["engine"]["enable_prefix_caching"] is False
+    assert data["engine"]["gpu_memory_utilization"] == 0.8 and data["kv_cache_dtype"] == "fp8"
+    run["enable_prefix_caching"] = "maybe"
+    with pytest.raises(RunsFileError, match="enable_prefix_caching"):
+        scenario(run, tmp_path / "t.jsonl", 0)
