@@ -115,7 +115,7 @@ def launcher(scenario: Scenario, model: str, log_path: Path) -> VLLMServer:
     from live.server import VLLMServer
     from sim.serve_flags import scenario_dtype_args
 
-    torch_dtype, extra = scenario_dtype_args(scenario)
+    torch_dtype, extra = scenario_dtype_args(scenario, model)
     return VLLMServer(
         model, scenario.engine, log_path=log_path, dtype=torch_dtype, extra_args=extra
     )

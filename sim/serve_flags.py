@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from sim.catalog.models import checkpoint_dtype
+from sim.catalog.models import checkpoint_quantization
 from sim.scenario import EngineSpec, Scenario
 
 #: The CPU attention backend only supports block sizes that are multiples of this (vLLM 0.32).
@@ -107,9 +107,10 @@ def dtype_args(
     fp8 weights are vLLM's dynamic fp8 quantization of a 16-bit checkpoint; int8 and int4 need a
     quantized checkpoint (PREQUANTIZED), or bitsandbytes' on-the-fly quantization. A model
     named as a quantized checkpoint (``quantized_checkpoint``: ``Qwen/Qwen3-8B-FP8``, see
-    sim.catalog.models.checkpoint_dtype) gets no ``--quantization``: vLLM reads the method from
-    the checkpoint's config, and refuses a flag that names another (compressed-tensors FP8
-    checkpoints under ``--quantization fp8``, GPTQ ones under ``awq_marlin``).
+    sim.catalog.models.checkpoint_quantization) gets no ``--quantization`` (but bitsandbytes):
+    vLLM reads the method from the checkpoint's config, and refuses a flag that names another
+    (compressed-tensors FP8 checkpoints under ``--quantization fp8``, GPTQ ones under
+    ``awq_marlin``).
     """
     extra: list[str] = []
     match dtype:
@@ -133,15 +134,15 @@ def dtype_args(
     return torch_dtype, extra
 
 
-def scenario_dtype_args(scenario: Scenario) -> tuple[str, list[str]]:
-    """``--dtype`` and the scenario-level flags beyond the engine section: weight and KV-cache
+def scenario_dtype_args(scenario: Scenario, served_model: str) -> tuple[str, list[str]]:
+    """``--dtype`` and the scenario-level flags beyond the engine section for serving
+    ``served_model`` (what ``--model`` gets: a catalogue id, a local path): weight and KV-cache
     dtypes, their quantization method and pipeline parallelism."""
-    named = scenario.model if isinstance(scenario.model, str) else ""
     torch_dtype, extra = dtype_args(
         scenario.dtype,
         scenario.kv_cache_dtype,
         scenario.quantization,
-        quantized_checkpoint=checkpoint_dtype(named) is not None,
+        quantized_checkpoint=checkpoint_quantization(served_model) is not None,
     )
     if scenario.engine.pipeline_parallel_size > 1:
         extra += ["--pipeline-parallel-size", str(scenario.engine.pipeline_parallel_size)]

@@ -322,6 +322,15 @@ def test_values_outside_the_widgets_choices_are_kept_not_crashed() -> None:
     assert app.session_state[SCENARIO]["engine"]["tensor_parallel_size"] == 16
 
 
+def test_a_quantized_checkpoint_keeps_its_weights_dtype() -> None:
+    data = small()
+    data["model"] = "Qwen/Qwen3-8B-FP8"
+    data.pop("dtype", None)
+    app = page("scenario", data)
+    assert not app.exception and not app.error
+    assert app.session_state[SCENARIO]["dtype"] == "fp8"
+
+
 def widget_keys(container: AppTest | Block) -> list[str | None]:
     """The widgets' keys in a page (or one of its blocks), top to bottom."""
     root = container.main if isinstance(container, AppTest) else container

@@ -261,9 +261,14 @@ def test_quantized_weights_export_their_quantization() -> None:
         words = shlex.split(vllm_serve_command(parse_scenario(scenario_dict(**fields))))
         return words[2], flags(words)
 
+    # A public AWQ checkpoint where one is known: vLLM reads its method (and runs it with
+    # Marlin) from its config. Without one, the 16-bit id under awq_marlin, which vLLM refuses
+    # rather than serve weights the plan did not simulate.
     model, int4 = exported(dtype="int4")
-    assert int4["--quantization"] == "awq_marlin"
     assert model == "hugging-quants/Meta-Llama-3.1-8B-Instruct-AWQ-INT4"
+    assert "--quantization" not in int4
+    model, int4 = exported(model="qwen2.5-7b", dtype="int4")
+    assert model == "Qwen/Qwen2.5-7B" and int4["--quantization"] == "awq_marlin"
     _, int8 = exported(dtype="int8")
     assert int8["--quantization"] == "compressed-tensors"
     _, nf4 = exported(dtype="int4", quantization="bitsandbytes")
@@ -288,10 +293,21 @@ def test_a_named_quantized_checkpoint_is_served_as_named(checkpoint: str, dtype:
     assert scenario.dtype == dtype
     words = shlex.split(vllm_serve_command(scenario))
     assert words[2] == checkpoint and "--quantization" not in flags(words)
-    nf4 = parse_scenario(
-        scenario_dict(model="unsloth/Llama-3.2-1B-bnb-4bit", quantization="bitsandbytes")
-    )
+    nf4 = parse_scenario(scenario_dict(model="unsloth/Llama-3.2-1B-bnb-4bit"))
     assert flags(shlex.split(vllm_serve_command(nf4)))["--quantization"] == "bitsandbytes"
+
+
+def test_the_flags_follow_the_model_served_not_the_scenarios_name() -> None:
+    # The scenario names the base model at fp8; the server is launched with an fp8 checkpoint,
+    # whose own method vLLM reads: no --quantization fp8 beside it. A local 16-bit copy of a
+    # quantized scenario's model is quantized on the fly, as simulated.
+    base = parse_scenario(scenario_dict(model="llama-3.1-8b", dtype="fp8"))
+    served = "RedHatAI/Llama-3.1-8B-Instruct-FP8-dynamic"
+    assert "--quantization" not in flags(shlex.split(vllm_serve_command(base, served)))
+    assert flags(shlex.split(vllm_serve_command(base)))["--quantization"] == "fp8"
+    named = parse_scenario(scenario_dict(model="Qwen/Qwen3-8B-FP8"))
+    local = flags(shlex.split(vllm_serve_command(named, "/models/qwen3-8b")))
+    assert local["--quantization"] == "fp8"
 
 
 def test_the_image_is_pinned_to_the_plans_vllm_version() -> None:

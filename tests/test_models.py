@@ -10,7 +10,13 @@ from typing import Any
 import pytest
 
 from sim.catalog.hf_config import load_hf_config
-from sim.catalog.models import MODEL_CATALOG, ModelArch, checkpoint_dtype, get_model, model_names
+from sim.catalog.models import (
+    MODEL_CATALOG,
+    ModelArch,
+    checkpoint_quantization,
+    get_model,
+    model_names,
+)
 
 
 def _arch(**overrides: Any) -> ModelArch:
@@ -290,28 +296,49 @@ def test_get_model_aliases(name: str, key: str) -> None:
     assert get_model(name) is MODEL_CATALOG[key]
 
 
+WEIGHT_ONLY = "weight_only"
+
+
 @pytest.mark.parametrize(
-    ("name", "key", "dtype"),
+    ("name", "key", "dtype", "quantization"),
     [
-        ("neuralmagic/Meta-Llama-3.1-8B-Instruct-FP8", "llama-3.1-8b", "fp8"),
-        ("RedHatAI/Llama-3.1-8B-Instruct-FP8-dynamic", "llama-3.1-8b", "fp8"),
-        ("Qwen/Qwen3-32B-FP8", "qwen3-32b", "fp8"),
-        ("hugging-quants/Meta-Llama-3.1-70B-Instruct-AWQ-INT4", "llama-3.1-70b", "int4"),
-        ("Qwen/Qwen2.5-72B-Instruct-AWQ", "qwen2.5-72b", "int4"),
-        ("TheBloke/Llama-2-7B-Chat-GPTQ", "llama-2-7b", "int4"),
-        ("Qwen/Qwen2.5-7B-Instruct-GPTQ-Int8", "qwen2.5-7b", "int8"),
-        ("RedHatAI/Meta-Llama-3.1-8B-Instruct-quantized.w8a8", "llama-3.1-8b", "int8"),
-        ("RedHatAI/Meta-Llama-3.1-8B-Instruct-quantized.w4a16", "llama-3.1-8b", "int4"),
-        ("unsloth/Llama-3.2-1B-Instruct-bnb-4bit", "llama-3.2-1b", "int4"),
-        ("meta-llama/Llama-3.1-8B-Instruct", "llama-3.1-8b", None),
-        ("mistralai/Mistral-7B-Instruct-v0.3", "mistral-7b", None),
+        ("neuralmagic/Meta-Llama-3.1-8B-Instruct-FP8", "llama-3.1-8b", "fp8", "auto"),
+        ("RedHatAI/Llama-3.1-8B-Instruct-FP8-dynamic", "llama-3.1-8b", "fp8", "auto"),
+        ("Qwen/Qwen3-32B-FP8", "qwen3-32b", "fp8", "auto"),
+        (
+            "hugging-quants/Meta-Llama-3.1-70B-Instruct-AWQ-INT4",
+            "llama-3.1-70b",
+            "int4",
+            WEIGHT_ONLY,
+        ),
+        ("Qwen/Qwen2.5-72B-Instruct-AWQ", "qwen2.5-72b", "int4", WEIGHT_ONLY),
+        ("TheBloke/Llama-2-7B-Chat-GPTQ", "llama-2-7b", "int4", WEIGHT_ONLY),
+        ("Qwen/Qwen2.5-7B-Instruct-GPTQ-Int8", "qwen2.5-7b", "int8", WEIGHT_ONLY),
+        ("RedHatAI/Meta-Llama-3.1-8B-Instruct-quantized.w8a8", "llama-3.1-8b", "int8", "w8a8"),
+        (
+            "RedHatAI/Meta-Llama-3.1-8B-Instruct-quantized.w8a16",
+            "llama-3.1-8b",
+            "int8",
+            WEIGHT_ONLY,
+        ),
+        (
+            "RedHatAI/Meta-Llama-3.1-8B-Instruct-quantized.w4a16",
+            "llama-3.1-8b",
+            "int4",
+            WEIGHT_ONLY,
+        ),
+        ("unsloth/Llama-3.2-1B-Instruct-bnb-4bit", "llama-3.2-1b", "int4", "bitsandbytes"),
+        ("meta-llama/Llama-3.1-8B-Instruct", "llama-3.1-8b", None, None),
+        ("mistralai/Mistral-7B-Instruct-v0.3", "mistral-7b", None, None),
     ],
 )
-def test_a_quantized_checkpoint_is_its_base_model_at_the_dtype_its_name_says(
-    name: str, key: str, dtype: str | None
+def test_a_quantized_checkpoint_is_its_base_model_stored_as_its_name_says(
+    name: str, key: str, dtype: str | None, quantization: str | None
 ) -> None:
     assert get_model(name).name == key
-    assert checkpoint_dtype(name) == dtype
+    found = checkpoint_quantization(name)
+    stored = (found.dtype, found.quantization) if found is not None else (None, None)
+    assert stored == (dtype, quantization)
 
 
 def test_get_model_unknown_suggests_closest() -> None:

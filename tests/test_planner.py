@@ -16,6 +16,7 @@ from sim.planning.planner import (
     pareto_front,
     search,
 )
+from sim.scenario import parse_scenario
 from tests.factories import scenario_dict
 
 
@@ -149,3 +150,15 @@ def test_the_plan_keeps_the_scenarios_autoscaler_on_co_located_candidates() -> N
     fixed = evaluate(traffic(rate=4.0), Candidate("h100-sxm", 1, "bf16", 3))
     assert evaluation.usd_per_hour is not None and fixed.usd_per_hour is not None
     assert evaluation.usd_per_hour <= fixed.usd_per_hour + 1e-9
+
+
+def test_a_quantized_checkpoint_is_weighed_at_other_dtypes_as_its_base_model() -> None:
+    # Candidates at the checkpoint's own dtype keep it; others run the model it quantizes
+    # (the checkpoint cannot be served at another dtype, the model can).
+    data = scenario_dict(model="Qwen/Qwen3-8B-FP8")
+    own = apply(data, Candidate("h100-sxm", 1, "fp8", 1))
+    assert own["model"] == "Qwen/Qwen3-8B-FP8" and parse_scenario(own).dtype == "fp8"
+    other = apply(data, Candidate("h100-sxm", 1, "bf16", 1))
+    assert other["model"] == "qwen3-8b" and parse_scenario(other).dtype == "bf16"
+    gptq = scenario_dict(model="Qwen/Qwen2.5-7B-Instruct-GPTQ-Int8", quantization="weight_only")
+    assert "quantization" not in apply(gptq, Candidate("h100-sxm", 1, "fp8", 1))

@@ -113,13 +113,24 @@ def test_unknown_model_and_gpu_suggest_names() -> None:
     assert "did you mean 'h100-sxm'" in problems(scenario_dict(gpu="h10-sxm"))[0]
 
 
-def test_a_quantized_checkpoint_sets_the_dtype_and_contradicting_it_is_refused() -> None:
-    assert parse_scenario(scenario_dict(model="Qwen/Qwen3-8B-FP8")).dtype == "fp8"
-    assert parse_scenario(scenario_dict(model="Qwen/Qwen3-8B-FP8", dtype="fp8")).dtype == "fp8"
-    found = problems(scenario_dict(model="Qwen/Qwen2.5-7B-Instruct-AWQ", dtype="bf16"))
-    assert found == [
+def test_a_quantized_checkpoint_sets_its_weights_and_contradicting_them_is_refused() -> None:
+    fp8 = parse_scenario(scenario_dict(model="Qwen/Qwen3-8B-FP8"))
+    assert (fp8.dtype, fp8.quantization) == ("fp8", "auto")
+    gptq = parse_scenario(scenario_dict(model="Qwen/Qwen2.5-7B-Instruct-GPTQ-Int8"))
+    assert (gptq.dtype, gptq.quantization) == ("int8", "weight_only")  # not W8A8's int8 rate
+    nf4 = parse_scenario(scenario_dict(model="unsloth/Llama-3.2-1B-bnb-4bit", quantization="auto"))
+    assert (nf4.dtype, nf4.quantization) == ("int4", "bitsandbytes")
+    # An fp8 checkpoint runs either way, by the GPU.
+    weight_only = scenario_dict(model="Qwen/Qwen3-8B-FP8", quantization="weight_only")
+    assert parse_scenario(weight_only).quantization == "weight_only"
+    assert problems(scenario_dict(model="Qwen/Qwen2.5-7B-Instruct-AWQ", dtype="bf16")) == [
         "dtype: model 'Qwen/Qwen2.5-7B-Instruct-AWQ' is an int4 checkpoint but dtype is 'bf16'; "
         "set dtype: int4, or name the 16-bit model"
+    ]
+    awq_as_nf4 = scenario_dict(model="Qwen/Qwen2.5-7B-Instruct-AWQ", quantization="bitsandbytes")
+    assert problems(awq_as_nf4) == [
+        "quantization: model 'Qwen/Qwen2.5-7B-Instruct-AWQ' is a weight-only int4 checkpoint, "
+        "which vLLM does not serve as 'bitsandbytes'; leave quantization out"
     ]
 
 

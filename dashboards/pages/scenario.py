@@ -29,7 +29,7 @@ from dashboards.state import (
     set_scenario_data,
 )
 from sim.catalog.hardware import GPU_CATALOG
-from sim.catalog.models import MODEL_CATALOG
+from sim.catalog.models import MODEL_CATALOG, checkpoint_quantization
 
 ROUTERS = ["round_robin", "random", "least_outstanding", "least_kv", "prefix_affinity"]
 
@@ -92,7 +92,11 @@ def _model_and_gpu(data: dict[str, Any]) -> None:
     data["model"] = _choice("Model", list(MODEL_CATALOG), data.get("model"), "model")
     data["gpu"] = _choice("GPU", list(GPU_CATALOG), data.get("gpu"), "gpu")
     dtypes = ["bf16", "fp16", "fp8", "int8", "int4"]
-    data["dtype"] = _choice("Weights", dtypes, data.get("dtype", "bf16"), "dtype")
+    # A quantized checkpoint (Qwen/Qwen3-8B-FP8) implies its weights' dtype.
+    model = data["model"]
+    quantized = checkpoint_quantization(model) if isinstance(model, str) else None
+    default = quantized.dtype if quantized is not None else "bf16"
+    data["dtype"] = _choice("Weights", dtypes, data.get("dtype", default), "dtype")
 
 
 def _workload(data: dict[str, Any]) -> None:

@@ -727,29 +727,42 @@ _MODEL_ALIASES: dict[str, str] = {
 }
 
 
+@dataclass(frozen=True)
+class CheckpointQuantization:
+    """How a quantized checkpoint stores and computes its weights: the scenario's ``dtype`` and
+    ``quantization`` method (sim/engine/quantization.py) its name implies."""
+
+    dtype: str
+    quantization: str
+
+
+_FP8 = CheckpointQuantization("fp8", "auto")  # W8A8 where the GPU has fp8 tensor cores
+_INT4_WEIGHT_ONLY = CheckpointQuantization("int4", "weight_only")
+_INT8_WEIGHT_ONLY = CheckpointQuantization("int8", "weight_only")
+
 #: Name suffixes of quantized checkpoints (the architecture of the model they quantize, fewer
-#: bytes per weight) and the weight dtype each implies, as the common publishers name them:
-#: "-FP8" and "-FP8-dynamic" (Neural Magic / Red Hat, Qwen), "-quantized.w4a16" / "w8a16" /
-#: "w8a8" (Red Hat's integer ones), "-AWQ", "-AWQ-INT4" (AutoAWQ, hugging-quants), "-GPTQ-Int4"
-#: / "-Int8" (Qwen; a bare "-GPTQ" is 4-bit), "-bnb-4bit" (bitsandbytes). The longest match
-#: wins, so their order here does not matter.
-_QUANTIZED_SUFFIXES: dict[str, str] = {
-    "-fp8": "fp8",
-    "-fp8-dynamic": "fp8",
-    "-awq": "int4",
-    "-awq-int4": "int4",
-    "-gptq": "int4",
-    "-gptq-int4": "int4",
-    "-gptq-int8": "int8",
-    "-quantized.w4a16": "int4",
-    "-quantized.w8a16": "int8",
-    "-quantized.w8a8": "int8",
-    "-w4a16": "int4",
-    "-w8a16": "int8",
-    "-w8a8": "int8",
-    "-int4": "int4",
-    "-int8": "int8",
-    "-bnb-4bit": "int4",
+#: bytes per weight) and how each stores and computes its weights, as the common publishers
+#: name them: "-FP8" and "-FP8-dynamic" (Neural Magic / Red Hat, Qwen); Red Hat's integer
+#: "-quantized.w4a16" / "w8a16" (weight-only) and "w8a8" (int8 activations too); "-AWQ",
+#: "-AWQ-INT4" (AutoAWQ, hugging-quants) and "-GPTQ-Int4" / "-Int8" (Qwen; a bare "-GPTQ" is
+#: 4-bit), all weight-only; "-bnb-4bit" (bitsandbytes NF4). The longest match wins.
+_SUFFIX_TO_QUANTIZATION: dict[str, CheckpointQuantization] = {
+    "-fp8": _FP8,
+    "-fp8-dynamic": _FP8,
+    "-awq": _INT4_WEIGHT_ONLY,
+    "-awq-int4": _INT4_WEIGHT_ONLY,
+    "-gptq": _INT4_WEIGHT_ONLY,
+    "-gptq-int4": _INT4_WEIGHT_ONLY,
+    "-gptq-int8": _INT8_WEIGHT_ONLY,
+    "-quantized.w4a16": _INT4_WEIGHT_ONLY,
+    "-quantized.w8a16": _INT8_WEIGHT_ONLY,
+    "-quantized.w8a8": CheckpointQuantization("int8", "w8a8"),
+    "-w4a16": _INT4_WEIGHT_ONLY,
+    "-w8a16": _INT8_WEIGHT_ONLY,
+    "-w8a8": CheckpointQuantization("int8", "w8a8"),
+    "-int4": _INT4_WEIGHT_ONLY,
+    "-int8": _INT8_WEIGHT_ONLY,
+    "-bnb-4bit": CheckpointQuantization("int4", "bitsandbytes"),
 }
 
 
@@ -758,18 +771,19 @@ def _repo_key(name: str) -> str:
     return name.strip().lower().rsplit("/", 1)[-1].replace("_", "-").removeprefix("meta-")
 
 
-def _split_quantization(key: str) -> tuple[str, str | None]:
-    """``key`` without a quantized checkpoint's suffix, and the weight dtype it implies."""
-    matches = [suffix for suffix in _QUANTIZED_SUFFIXES if key.endswith(suffix)]
+def _split_quantization(key: str) -> tuple[str, CheckpointQuantization | None]:
+    """``key`` without a quantized checkpoint's suffix, and what that suffix says."""
+    matches = [suffix for suffix in _SUFFIX_TO_QUANTIZATION if key.endswith(suffix)]
     if not matches:
         return key, None
     suffix = max(matches, key=len)
-    return key[: -len(suffix)], _QUANTIZED_SUFFIXES[suffix]
+    return key[: -len(suffix)], _SUFFIX_TO_QUANTIZATION[suffix]
 
 
-def checkpoint_dtype(name: str) -> str | None:
-    """The weight dtype a quantized checkpoint's name implies (``'Qwen/Qwen3-8B-FP8'`` → fp8,
-    ``'hugging-quants/Meta-Llama-3.1-8B-Instruct-AWQ-INT4'`` → int4); None for any other."""
+def checkpoint_quantization(name: str) -> CheckpointQuantization | None:
+    """How a quantized checkpoint's name says it stores and computes its weights
+    (``'Qwen/Qwen3-8B-FP8'`` → fp8, ``'Qwen/Qwen2.5-7B-Instruct-GPTQ-Int8'`` → int8
+    weight-only); None for any other name."""
     key = _repo_key(name)
     if key in _MODEL_ALIASES:
         return None
@@ -796,8 +810,8 @@ def get_model(name: str) -> ModelArch:
     ``'meta-llama/Meta-Llama-3.1-8B-Instruct'``, ``'meta-llama/Llama-2-70b-chat-hf'``,
     ``'Qwen/Qwen2.5-7B-Instruct'``, ``'Qwen/Qwen3-8B'``, ``'mistralai/Mistral-7B-Instruct-v0.3'``);
     an Instruct or chat variant resolves to its base model's entry, and so does a quantized
-    checkpoint (``'Qwen/Qwen3-8B-FP8'``; :func:`checkpoint_dtype` says its weight dtype). An
-    unknown name raises ``ValueError`` with the closest catalogue names.
+    checkpoint (``'Qwen/Qwen3-8B-FP8'``; :func:`checkpoint_quantization` says how it stores
+    its weights). An unknown name raises ``ValueError`` with the closest catalogue names.
     """
     key = _normalise_model_name(name)
     if key in MODEL_CATALOG:

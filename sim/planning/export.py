@@ -24,7 +24,7 @@ from typing import Any
 
 import yaml
 
-from sim.catalog.models import checkpoint_dtype
+from sim.catalog.models import checkpoint_quantization
 from sim.scenario import CustomGPUSpec, Scenario
 from sim.serve_flags import scenario_dtype_args, vllm_serve_args
 
@@ -105,7 +105,7 @@ def _model_id(scenario: Scenario) -> str:
     """What ``--model`` gets: a quantized checkpoint the scenario names, as named; else the
     catalogue model's Hugging Face id (its int4 checkpoint for int4 weights, where one is
     known), else its name."""
-    if isinstance(scenario.model, str) and checkpoint_dtype(scenario.model) is not None:
+    if isinstance(scenario.model, str) and checkpoint_quantization(scenario.model) is not None:
         return scenario.model.strip()
     name = scenario.resolve_model().name
     if scenario.dtype == "int4" and scenario.quantization != "bitsandbytes":
@@ -171,14 +171,13 @@ def pools(scenario: Scenario) -> list[Pool]:
 def serve_args(scenario: Scenario, model: str | None = None, pool: Pool | None = None) -> list[str]:
     """The flags of ``vllm serve`` for the scenario's engine knobs, TP/PP and quantization (and
     a pool's own TP and KV-transfer flags)."""
-    torch_dtype, extra = scenario_dtype_args(scenario)
+    model = model or _model_id(scenario)
+    torch_dtype, extra = scenario_dtype_args(scenario, model)
     engine = scenario.engine
     if pool is not None:
         engine = engine.model_copy(update={"tensor_parallel_size": pool.tensor_parallel_size})
         extra = [*extra, *pool.extra_args]
-    return vllm_serve_args(
-        model or _model_id(scenario), engine, dtype=torch_dtype, extra_args=extra
-    )
+    return vllm_serve_args(model, engine, dtype=torch_dtype, extra_args=extra)
 
 
 def vllm_serve_command(scenario: Scenario, model: str | None = None) -> str:

@@ -21,6 +21,7 @@ from typing import Any
 
 import pandas as pd
 
+from sim.catalog.models import checkpoint_quantization, get_model
 from sim.planning.parallel import run_all
 from sim.run import summary_or_error
 
@@ -77,6 +78,13 @@ def apply(data: dict[str, Any], candidate: Candidate) -> dict[str, Any]:
     out = copy.deepcopy(data)
     out["gpu"] = candidate.gpu
     out["dtype"] = candidate.dtype
+    model = out.get("model")
+    quantized = checkpoint_quantization(model) if isinstance(model, str) else None
+    if isinstance(model, str) and quantized is not None and quantized.dtype != candidate.dtype:
+        # Other weights than the named checkpoint's: the model it quantizes, at the candidate's.
+        out["model"] = get_model(model).name
+        if out.get("quantization") == quantized.quantization:
+            del out["quantization"]
     out.setdefault("engine", {})["tensor_parallel_size"] = candidate.tensor_parallel_size
     fleet = out.setdefault("fleet", {})
     autoscaling = fleet.pop("autoscaling", None)

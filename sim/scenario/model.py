@@ -9,7 +9,7 @@ from pydantic import Field, model_validator
 
 from sim.catalog.hardware import GPU, get_gpu
 from sim.catalog.hf_config import load_hf_config
-from sim.catalog.models import ModelArch, checkpoint_dtype, get_model
+from sim.catalog.models import ModelArch, checkpoint_quantization, get_model
 from sim.engine.memory import kv_dtype_for
 from sim.scenario.base import Spec
 from sim.scenario.sections import (
@@ -60,22 +60,38 @@ class Scenario(Spec):
 
     @model_validator(mode="before")
     @classmethod
-    def _dtype_of_a_quantized_checkpoint(cls, data: Any) -> Any:
-        """A quantized checkpoint (``Qwen/Qwen3-8B-FP8``) sets ``dtype`` when the scenario does
-        not, and contradicts one that says otherwise."""
+    def _weights_of_a_quantized_checkpoint(cls, data: Any) -> Any:
+        """A quantized checkpoint (``Qwen/Qwen3-8B-FP8``) sets ``dtype`` and ``quantization``
+        where the scenario leaves them out (``quantization: auto`` defers to it), and
+        contradicts a scenario that says otherwise."""
         if not isinstance(data, dict) or not isinstance(data.get("model"), str):
             return data
-        implied = checkpoint_dtype(data["model"])
+        implied = checkpoint_quantization(data["model"])
         if implied is None:
             return data
-        if "dtype" not in data:
-            return {**data, "dtype": implied}
-        if data["dtype"] != implied:
+        model = data["model"]
+        dtype = data.get("dtype", implied.dtype)
+        if dtype != implied.dtype:
             raise ValueError(
-                f"dtype: model {data['model']!r} is an {implied} checkpoint but dtype is "
-                f"{data['dtype']!r}; set dtype: {implied}, or name the 16-bit model"
+                f"dtype: model {model!r} is an {implied.dtype} checkpoint but dtype is "
+                f"{dtype!r}; set dtype: {implied.dtype}, or name the 16-bit model"
             )
-        return data
+        method = data.get("quantization", "auto")
+        # An fp8 checkpoint runs W8A8 or weight-only by the GPU ("auto"): either may be asked.
+        allowed = {"auto", implied.quantization}
+        if implied.quantization == "auto":
+            allowed |= {"weight_only", "w8a8"}
+        if method not in allowed:
+            method_to_label = {"weight_only": "weight-only ", "w8a8": "W8A8 "}
+            method_to_label["bitsandbytes"] = "bitsandbytes "
+            kind = method_to_label.get(implied.quantization, "")
+            raise ValueError(
+                f"quantization: model {model!r} is a {kind}{implied.dtype} checkpoint, which "
+                f"vLLM does not serve as {method!r}; leave quantization out"
+            )
+        if method == "auto":
+            method = implied.quantization
+        return {**data, "dtype": implied.dtype, "quantization": method}
 
     @model_validator(mode="after")
     def _priorities_need_the_policy(self) -> Scenario:
