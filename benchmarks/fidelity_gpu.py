@@ -38,9 +38,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import re
 import tempfile
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -54,7 +56,9 @@ from sim.scenario import ScenarioError, parse_scenario
 
 RUNS = Path(__file__).resolve().parents[2] / "shared/data/real_gpu_runs"
 RUNS_FILE = RUNS / "h100_llama2_7b_inference_perf.csv"
-#: Hash ids of a prompt's own blocks start here (the system prompts' blocks lie below).
+#: Hash ids: each prompt (and each system prompt) numbers its blocks within its own range of
+#: this many, and a prompt's own blocks lie above every system prompt's, from PROMPT_IDS.
+BLOCK_IDS = 1 << 20
 PROMPT_IDS = 1 << 40
 REUSE = re.compile(r"(\d+)\s+system\s+prompts?\s*x\s*(\d+)\s+questions?", re.IGNORECASE)
 METRICS = ("ttft", "tpot", "e2e")
@@ -76,6 +80,32 @@ def _cell(stage: pd.Series, column: str) -> Any:
 
 def _where(stage: pd.Series, column: str) -> str:
     return f"run {stage.get('run_id')!s} {stage.get('stage')!s}, column {column!r}"
+
+
+def _integer(stage: pd.Series, column: str, empty: int | None = None) -> int:
+    """The ``column`` cell as a whole number (``empty`` for an empty cell, if given)."""
+    cell = _cell(stage, column)
+    if pd.isna(cell) and empty is not None:
+        return empty
+    try:
+        value = float(cell)
+    except (TypeError, ValueError):
+        value = math.nan
+    if not math.isfinite(value) or not value.is_integer():
+        raise RunsFileError(f"{_where(stage, column)}: {cell!r} is not a whole number")
+    return int(value)
+
+
+def _real(stage: pd.Series, column: str) -> float:
+    """The ``column`` cell as a finite number."""
+    cell = _cell(stage, column)
+    try:
+        value = float(cell)
+    except (TypeError, ValueError):
+        value = math.nan
+    if not math.isfinite(value):
+        raise RunsFileError(f"{_where(stage, column)}: {cell!r} is not a number")
+    return value
 
 
 #: Columns every runs file needs (``prompt_reuse`` may be left out: every prompt unique).
@@ -105,7 +135,10 @@ REQUIRED = (
 def output_tokens(stage: pd.Series) -> int:
     """``"247 (max_tokens, ignore_eos)"`` or ``247`` → 247."""
     cell = _cell(stage, "output_tokens")
-    match = re.match(r"\s*(\d+)(\.0*)?\b", str(cell))
+    text = str(cell)
+    if isinstance(cell, float) and cell.is_integer():
+        text = str(int(cell))  # a numeric column reads as floats
+    match = re.match(r"\s*(\d+)(?![\d.])", text)
     if match is None or int(match.group(1)) < 1:
         raise RunsFileError(
             f"{_where(stage, 'output_tokens')}: {cell!r} is not a token count; write the "
@@ -116,11 +149,11 @@ def output_tokens(stage: pd.Series) -> int:
 
 @dataclass(frozen=True)
 class PromptReuse:
-    """How a stage's prompts repeat: ``groups`` system prompts × ``questions`` each, sent
-    cyclically; ``groups == 0``: every request a prompt of its own."""
+    """How a stage's prompts repeat: ``num_groups`` system prompts × ``num_questions`` each,
+    sent cyclically; ``num_groups == 0``: every request a prompt of its own."""
 
-    groups: int
-    questions: int
+    num_groups: int
+    num_questions: int
 
 
 def prompt_reuse(stage: pd.Series) -> PromptReuse:
@@ -136,14 +169,14 @@ def prompt_reuse(stage: pd.Series) -> PromptReuse:
             "'G system prompts x Q questions' (each prompt sent once per cycle) or 'none' "
             "(every prompt unique)"
         )
-    return PromptReuse(int(match.group(1)), int(match.group(2)))
+    return PromptReuse(num_groups=int(match.group(1)), num_questions=int(match.group(2)))
 
 
 def arrival_times(stage: pd.Series, rng: np.random.Generator, start_s: float) -> np.ndarray:
     """``num_requests`` send times from ``start_s``, by the ``arrival`` cell."""
-    count = int(_cell(stage, "num_requests"))
-    duration = float(_cell(stage, "duration_s"))
-    rate = float(_cell(stage, "rate_rps"))
+    count = _integer(stage, "num_requests")
+    duration = _real(stage, "duration_s")
+    rate = _real(stage, "rate_rps")
     if count < 1 or duration <= 0 or rate <= 0:
         raise RunsFileError(
             f"run {stage.get('run_id')!s} {stage.get('stage')!s}: num_requests, duration_s and "
@@ -171,8 +204,8 @@ def stage_requests(
     ``first_request`` numbers the run's requests before this stage (unique prompts' ids)."""
     arrivals = arrival_times(stage, rng, start_s)
     count = len(arrivals)
-    system = int(_cell(stage, "system_prompt_tokens") or 0)
-    prompt = round(float(_cell(stage, "prompt_tokens_mean")))
+    system = _integer(stage, "system_prompt_tokens", empty=0)
+    prompt = round(_real(stage, "prompt_tokens_mean"))
     if prompt < 1 or not 0 <= system <= prompt:
         raise RunsFileError(
             f"run {stage.get('run_id')!s} {stage.get('stage')!s}: prompt_tokens_mean ({prompt}) "
@@ -180,26 +213,31 @@ def stage_requests(
         )
     output = output_tokens(stage)
     reuse = prompt_reuse(stage)
-    if reuse.groups:
-        distinct = reuse.groups * reuse.questions
+    if reuse.num_groups:
+        distinct = reuse.num_groups * reuse.num_questions
         cycles = -(-count // distinct)
         order = np.concatenate([rng.permutation(distinct) for _ in range(cycles)])[:count]
-        groups = order // reuse.questions
+        groups = order // reuse.num_questions
     else:
         # Every prompt its own, one system prompt shared by all.
         order = first_request + np.arange(count)
         groups = np.zeros(count, dtype=int)
-    block = int(_cell(stage, "block_size"))
-    blocks = -(-prompt // block)
+    block = _integer(stage, "block_size")
+    num_blocks = -(-prompt // block)
+    if block < 1 or num_blocks > BLOCK_IDS:
+        raise RunsFileError(
+            f"{_where(stage, 'block_size')}: {block} gives {num_blocks} blocks a prompt; "
+            f"at most {BLOCK_IDS} are numbered"
+        )
     rows = []
     for arrival, prompt_id, group in zip(arrivals, order, groups, strict=True):
         # A block wholly inside the system prompt is the group's; any later block is the
         # prompt's own (ids are kept apart by their ranges).
         hash_ids = [
-            int(group) * blocks + b
+            int(group) * BLOCK_IDS + b
             if (b + 1) * block <= system
-            else PROMPT_IDS + int(prompt_id) * blocks + b
-            for b in range(blocks)
+            else PROMPT_IDS + int(prompt_id) * BLOCK_IDS + b
+            for b in range(num_blocks)
         ]
         rows.append(
             {
@@ -224,17 +262,6 @@ def catalogue_gpu(name: str) -> str:
     raise SystemExit(f"--runs: gpu {name!r} is not in the catalogue (sim/catalog/hardware.py)")
 
 
-#: Engine flags a runs file may add as columns (vLLM's defaults where it does not), and how to
-#: read a cell: the scenario's engine field each sets.
-OPTIONAL_ENGINE = {
-    "pp": ("pipeline_parallel_size", int),
-    "gpu_memory_utilization": ("gpu_memory_utilization", float),
-    "enable_prefix_caching": ("enable_prefix_caching", "bool"),
-    "enable_chunked_prefill": ("enable_chunked_prefill", "bool"),
-    "async_scheduling": ("async_scheduling", "bool"),
-}
-
-
 def _flag(stage: pd.Series, column: str) -> bool:
     cell = stage[column]
     text = str(cell).strip().lower()
@@ -245,19 +272,30 @@ def _flag(stage: pd.Series, column: str) -> bool:
     raise RunsFileError(f"{_where(stage, column)}: {cell!r} is not true or false")
 
 
+#: Engine flags a runs file may add as columns (vLLM's defaults where it does not): the
+#: scenario's engine field each sets, and how its cell is read.
+COLUMN_TO_ENGINE_FIELD: dict[str, tuple[str, Callable[[pd.Series, str], Any]]] = {
+    "pp": ("pipeline_parallel_size", _integer),
+    "gpu_memory_utilization": ("gpu_memory_utilization", _real),
+    "enable_prefix_caching": ("enable_prefix_caching", _flag),
+    "enable_chunked_prefill": ("enable_chunked_prefill", _flag),
+    "async_scheduling": ("async_scheduling", _flag),
+}
+
+
 def scenario(run: pd.DataFrame, trace: Path, seed: int) -> dict[str, Any]:
     first = run.iloc[0]
     engine: dict[str, Any] = {
-        "tensor_parallel_size": int(first["tp"]),
-        "max_num_seqs": int(first["max_num_seqs"]),
-        "max_num_batched_tokens": int(first["max_num_batched_tokens"]),
-        "max_model_len": int(first["max_model_len"]),
-        "block_size": int(first["block_size"]),
+        "tensor_parallel_size": _integer(first, "tp"),
+        "max_num_seqs": _integer(first, "max_num_seqs"),
+        "max_num_batched_tokens": _integer(first, "max_num_batched_tokens"),
+        "max_model_len": _integer(first, "max_model_len"),
+        "block_size": _integer(first, "block_size"),
         "vllm_version": str(first["vllm_version"]),
     }
-    for column, (field, kind) in OPTIONAL_ENGINE.items():
+    for column, (field, read) in COLUMN_TO_ENGINE_FIELD.items():
         if column in first.index and not pd.isna(first[column]):
-            engine[field] = _flag(first, column) if kind == "bool" else kind(first[column])
+            engine[field] = read(first, column)
     data: dict[str, Any] = {
         "name": f"real-{first['run_id']}",
         "seed": seed,

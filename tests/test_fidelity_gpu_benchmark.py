@@ -43,7 +43,7 @@ def _short(stage: pd.Series, **cells: object) -> pd.Series:
 
 def test_the_shipped_cells_read_as_inference_perf_made_them(runs: pd.DataFrame) -> None:
     stage = runs.iloc[0]
-    assert prompt_reuse(stage) == PromptReuse(groups=10, questions=10)
+    assert prompt_reuse(stage) == PromptReuse(num_groups=10, num_questions=10)
     assert output_tokens(stage) == 247
     rows = stage_requests(stage, np.random.default_rng(0), start_s=0.0)
     assert len(rows) == int(stage["num_requests"])
@@ -64,7 +64,7 @@ def test_the_shipped_cells_read_as_inference_perf_made_them(runs: pd.DataFrame) 
 
 
 def test_no_reuse_gives_every_request_its_own_prompt_across_stages(runs: pd.DataFrame) -> None:
-    stage = _short(runs.iloc[0], prompt_reuse="none", system_prompt_tokens=0)
+    stage = _short(runs.iloc[0], prompt_reuse="none", system_prompt_tokens=float("nan"))
     rng = np.random.default_rng(1)
     first = stage_requests(stage, rng, 0.0, first_request=0)
     second = stage_requests(stage, rng, 40.0, first_request=len(first))
@@ -86,6 +86,8 @@ def test_constant_arrivals_are_evenly_spaced(runs: pd.DataFrame) -> None:
         ("arrival", "gamma, cv 3"),
         ("output_tokens", "sampled from ShareGPT"),
         ("system_prompt_tokens", 10_000),
+        ("output_tokens", "247.5"),
+        ("num_requests", float("nan")),
     ],
 )
 def test_a_cell_it_cannot_rebuild_names_its_column(
