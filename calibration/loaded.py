@@ -17,11 +17,12 @@ took longer than planned (an optimistic isolated fit) shortens the replays after
 
 Every replay streams its token times, and the engine steps are rebuilt from them
 (:mod:`calibration.steps`): hundreds of loaded steps per replay. They are fitted together with
-the isolated points, the two sources weighted equally whatever their counts (the isolated
-points span the envelope's corners; the loaded steps are what workloads run). Each replay is then
-left out in turn: the fit to the isolated points and the other replays predicts its steps, and
-the simulator replays its requests at their real send times with those coefficients, so the
-profile says how well it predicts a load it did not see (leave-one-workload-out).
+the isolated points, the loaded steps carrying a share of the total weight whatever their
+counts (the isolated points span the envelope's corners; the loaded steps are what workloads
+run). Each replay is then left out in turn: the fit to the isolated points and the other
+replays predicts its steps, and the simulator replays its requests at their real send times
+with those coefficients, so the profile says how well it predicts a load it did not see
+(leave-one-workload-out); the share of :data:`LOADED_SHARES` under which it does best is kept.
 
 The replays are run by a :class:`Runner`: :func:`live_runner` sends them to a server; tests use
 a simulated server whose coefficients are known. How a fit is scored on a replay, and the joint

@@ -161,10 +161,11 @@ def replays_score(
     )
 
 
-def held_out_score(held_out: Sequence[dict[str, float | str]]) -> float:
-    """Mean |error| of the left-out replays' TTFT and E2E means (NaN counts as 100%)."""
+def held_out_score(scored: Sequence[dict[str, float | str]]) -> float:
+    """Mean |error| of the left-out replays' TTFT and E2E means (:func:`held_out`'s entries;
+    NaN counts as 100%)."""
     return _mean_abs_error(
-        [float(entry[key]) for entry in held_out for key in ("ttft_mean_error", "e2e_mean_error")]
+        [float(entry[key]) for entry in scored for key in ("ttft_mean_error", "e2e_mean_error")]
     )
 
 

@@ -7,6 +7,8 @@ from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from sim.workload.generate import MAX_TOKENS
+
 
 class Spec(BaseModel):
     """Base for scenario sections: unknown keys are errors, values are immutable."""
@@ -16,10 +18,7 @@ class Spec(BaseModel):
 
 PositiveFloat = Annotated[float, Field(gt=0)]
 PositiveInt = Annotated[int, Field(ge=1)]
-#: The most tokens a length may hold: workloads keep lengths as 32-bit integers (no model's
-#: context comes near it).
-MAX_TOKENS = 2**31 - 1
-#: A token count (a length, a prefix): positive and at most MAX_TOKENS.
+#: A token count (a length, a prefix): positive and at most what a workload holds.
 TokenCount = Annotated[int, Field(ge=1, le=MAX_TOKENS)]
 NonNegativeInt = Annotated[int, Field(ge=0)]
 Fraction = Annotated[float, Field(gt=0, le=1)]

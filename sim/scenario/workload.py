@@ -10,7 +10,7 @@ from pydantic import Field, model_validator
 
 from sim.scenario.base import PositiveFloat, PositiveInt, Spec, TokenCount
 from sim.workload.arrivals import PiecewiseRate
-from sim.workload.generate import MAX_REQUESTS
+from sim.workload.generate import MAX_REQUESTS, MAX_TOKENS
 from sim.workload.lengths import LogNormalLength
 
 # -- arrivals -------------------------------------------------------------------------------
@@ -199,7 +199,7 @@ class MultiTurnSpec(Spec):
     type: Literal["multi_turn"]
     turns: LengthSpec
     think_time_s: Annotated[float, Field(ge=0)]
-    system_prompt_tokens: Annotated[int, Field(ge=0)] = 0
+    system_prompt_tokens: Annotated[int, Field(ge=0, le=MAX_TOKENS)] = 0
 
 
 PrefixSpec = Annotated[NoPrefixSpec | SharedPrefixSpec | MultiTurnSpec, Field(discriminator="type")]

@@ -57,8 +57,9 @@ PrefixStructure = SharedPrefix | MultiTurn | None
 MAX_REQUESTS = 10_000_000
 #: The most prompt segments a multi-turn workload may hold (each turn repeats its history).
 MAX_SESSION_SEGMENTS = 200_000_000
-#: Lengths are held as 32-bit integers (SyntheticRequests).
-INT32_MAX = int(np.iinfo(np.int32).max)
+#: The most tokens a length may hold: workloads keep lengths as 32-bit integers
+#: (SyntheticRequests); no model's context comes near it.
+MAX_TOKENS = int(np.iinfo(np.int32).max)
 
 
 def _unique(salt: int, request_id: int, part: int) -> int:
@@ -164,8 +165,8 @@ class SyntheticRequests(Sequence[Request]):
         self.times = np.asarray(times, dtype=np.float64)
         # A sampled tail past 32 bits (an unclipped lognormal) is held at the most an int32
         # holds: longer than any context, it is rejected all the same.
-        self.prompts = np.minimum(prompts, INT32_MAX).astype(np.int32)
-        self.outputs = np.minimum(outputs, INT32_MAX).astype(np.int32)
+        self.prompts = np.minimum(prompts, MAX_TOKENS).astype(np.int32)
+        self.outputs = np.minimum(outputs, MAX_TOKENS).astype(np.int32)
         self.groups = np.asarray(groups, dtype=np.int32)
         self.prefix = prefix
         self.salt = salt
