@@ -397,6 +397,24 @@ def test_a_length_past_32_bits_is_refused_and_a_sampled_tail_past_them_is_reject
     assert (records["prompt_tokens"] > 0).all()
 
 
+@pytest.mark.parametrize("router", ["round_robin", "prefix_affinity"])
+def test_turns_longer_than_any_context_are_rejected_without_their_block_keys(router: str) -> None:
+    # 2**31 - 1 tokens a turn: the fleet used to hash every block of them (134 million keys,
+    # gigabytes) before the replica rejected the request.
+    data = scenario_dict(fleet={"replicas": 2, "router": {"policy": router}})
+    data["workload"] = {
+        "arrival": {"type": "poisson", "rate": 5},
+        "prompt_tokens": {"type": "constant", "value": 2**31 - 1},
+        "output_tokens": {"type": "constant", "value": 4},
+        "prefix": {"type": "multi_turn", "turns": {"type": "constant", "value": 3},
+                   "think_time_s": 1.0, "system_prompt_tokens": 64},
+        "num_requests": 4,
+    }  # fmt: skip
+    records = build(parse_scenario(data)).run().records
+    assert len(records) and (records["status"] == RequestStatus.REJECTED.value).all()
+    assert records["error"].str.contains("exceed max_model_len").all()
+
+
 def test_a_long_span_sampled_finely_stretches_the_interval_with_a_warning() -> None:
     data = scenario_dict()
     data["workload"] = {
