@@ -78,25 +78,15 @@ def _cell(stage: pd.Series, column: str) -> Any:
     return stage[column]
 
 
+def _stage_name(stage: pd.Series) -> str:
+    return f"run {stage.get('run_id')!s} {stage.get('stage')!s}"
+
+
 def _where(stage: pd.Series, column: str) -> str:
-    return f"run {stage.get('run_id')!s} {stage.get('stage')!s}, column {column!r}"
+    return f"{_stage_name(stage)}, column {column!r}"
 
 
-def _integer(stage: pd.Series, column: str, empty: int | None = None) -> int:
-    """The ``column`` cell as a whole number (``empty`` for an empty cell, if given)."""
-    cell = _cell(stage, column)
-    if pd.isna(cell) and empty is not None:
-        return empty
-    try:
-        value = float(cell)
-    except (TypeError, ValueError):
-        value = math.nan
-    if not math.isfinite(value) or not value.is_integer():
-        raise RunsFileError(f"{_where(stage, column)}: {cell!r} is not a whole number")
-    return int(value)
-
-
-def _real(stage: pd.Series, column: str) -> float:
+def _real(stage: pd.Series, column: str, what: str = "a number") -> float:
     """The ``column`` cell as a finite number."""
     cell = _cell(stage, column)
     try:
@@ -104,8 +94,18 @@ def _real(stage: pd.Series, column: str) -> float:
     except (TypeError, ValueError):
         value = math.nan
     if not math.isfinite(value):
-        raise RunsFileError(f"{_where(stage, column)}: {cell!r} is not a number")
+        raise RunsFileError(f"{_where(stage, column)}: {cell!r} is not {what}")
     return value
+
+
+def _integer(stage: pd.Series, column: str, empty: int | None = None) -> int:
+    """The ``column`` cell as a whole number (``empty`` for an empty cell, if given)."""
+    if empty is not None and pd.isna(_cell(stage, column)):
+        return empty
+    value = _real(stage, column, "a whole number")
+    if not value.is_integer():
+        raise RunsFileError(f"{_where(stage, column)}: {stage[column]!r} is not a whole number")
+    return int(value)
 
 
 #: Columns every runs file needs (``prompt_reuse`` may be left out: every prompt unique).
@@ -179,8 +179,8 @@ def arrival_times(stage: pd.Series, rng: np.random.Generator, start_s: float) ->
     rate = _real(stage, "rate_rps")
     if count < 1 or duration <= 0 or rate <= 0:
         raise RunsFileError(
-            f"run {stage.get('run_id')!s} {stage.get('stage')!s}: num_requests, duration_s and "
-            f"rate_rps must be positive (got {count}, {duration}, {rate})"
+            f"{_stage_name(stage)}: num_requests, duration_s and rate_rps must be positive "
+            f"(got {count}, {duration}, {rate})"
         )
     kind = str(_cell(stage, "arrival")).strip().lower()
     if kind.startswith("poisson"):
@@ -208,8 +208,8 @@ def stage_requests(
     prompt = round(_real(stage, "prompt_tokens_mean"))
     if prompt < 1 or not 0 <= system <= prompt:
         raise RunsFileError(
-            f"run {stage.get('run_id')!s} {stage.get('stage')!s}: prompt_tokens_mean ({prompt}) "
-            f"must be positive and at least system_prompt_tokens ({system})"
+            f"{_stage_name(stage)}: prompt_tokens_mean ({prompt}) must be positive and at "
+            f"least system_prompt_tokens ({system})"
         )
     output = output_tokens(stage)
     reuse = prompt_reuse(stage)

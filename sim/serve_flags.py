@@ -112,7 +112,7 @@ def dtype_args(
     (compressed-tensors FP8 checkpoints under ``--quantization fp8``, GPTQ ones under
     ``awq_marlin``).
     """
-    extra: list[str] = []
+    method = ""  # vLLM's --quantization, if any
     match dtype:
         case "bf16":
             torch_dtype = "bfloat16"
@@ -120,15 +120,15 @@ def dtype_args(
             torch_dtype = "float16"
         case "fp8":
             torch_dtype = "bfloat16"
-            extra += ["--quantization", "fp8"]
+            method = "fp8"
         case "int8" | "int4":
             torch_dtype = "bfloat16"
             method = "bitsandbytes" if quantization == "bitsandbytes" else PREQUANTIZED[dtype]
-            extra += ["--quantization", method]
         case _:
             raise ValueError(f"dtype: vLLM has no setting for {dtype!r}")
-    if quantized_checkpoint and quantization != "bitsandbytes":
-        extra = []
+    if quantized_checkpoint and method != "bitsandbytes":
+        method = ""
+    extra = ["--quantization", method] if method else []
     if kv_cache_dtype == "fp8":
         extra += ["--kv-cache-dtype", "fp8"]
     return torch_dtype, extra

@@ -157,7 +157,7 @@ class Replica:
         record.replica_id = self.replica_id
         if self.arrival_s > 0.0 and not self.sleeping:
             self._charge_arrival()
-        reason = self._rejection(request)
+        reason = self.rejection(request)
         if reason:
             record.status = RequestStatus.REJECTED
             record.error = reason
@@ -248,7 +248,9 @@ class Replica:
             self.scheduler.add(seq)
         del pending[:count]
 
-    def _rejection(self, request: Request) -> str:
+    def rejection(self, request: Request) -> str:
+        """Why this replica cannot ever serve ``request`` (longer than its context, or more KV
+        blocks than its whole cache); "" when it can."""
         if request.total_tokens > self.max_model_len:
             return (
                 f"prompt ({request.prompt_tokens}) + output ({request.output_tokens}) tokens "

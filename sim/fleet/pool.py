@@ -220,12 +220,11 @@ class Fleet:
         cached = caching and not exclusive
         keyed_blocks = self._keyed_blocks(request, kv.block_size) if cached else 0
         # Prefix affinity places even a request that caches nothing by its first keys. A
-        # request longer than the context is rejected by the replica: no keys for it (a
+        # request no replica can serve is rejected by the one it reaches: no keys for it (a
         # hostile length would build millions).
         keys: list[int] = []
         affinity = self.router.policy == "prefix_affinity"
-        fits = request.total_tokens <= self.max_model_len
-        if (cached or affinity) and fits:
+        if (cached or affinity) and not candidates[0].rejection(request):
             # A request with a keyed prefix needs only its keys, unless the router reads all.
             if keyed_blocks and not affinity:
                 keys = self._keyed_prefix_keys(

@@ -80,9 +80,9 @@ def apply(data: dict[str, Any], candidate: Candidate) -> dict[str, Any]:
     out["dtype"] = candidate.dtype
     model = out.get("model")
     quantized = checkpoint_quantization(model) if isinstance(model, str) else None
-    if isinstance(model, str) and quantized is not None and quantized.dtype != candidate.dtype:
+    if quantized is not None and quantized.dtype != candidate.dtype:
         # Other weights than the named checkpoint's: the model it quantizes, at the candidate's.
-        out["model"] = get_model(model).name
+        out["model"] = get_model(str(model)).name
         if out.get("quantization") == quantized.quantization:
             del out["quantization"]
     out.setdefault("engine", {})["tensor_parallel_size"] = candidate.tensor_parallel_size

@@ -28,6 +28,8 @@ from sim.scenario.sections import (
 from sim.scenario.workload import WorkloadSpec
 
 Dtype = Literal["bf16", "fp16", "fp8", "int8", "int4"]
+#: How a quantized checkpoint's method reads before its dtype in a message.
+_METHOD_TO_LABEL = {"weight_only": "weight-only ", "w8a8": "W8A8 ", "bitsandbytes": "bitsandbytes "}
 
 
 class Scenario(Spec):
@@ -82,9 +84,7 @@ class Scenario(Spec):
         if implied.quantization == "auto":
             allowed |= {"weight_only", "w8a8"}
         if method not in allowed:
-            method_to_label = {"weight_only": "weight-only ", "w8a8": "W8A8 "}
-            method_to_label["bitsandbytes"] = "bitsandbytes "
-            kind = method_to_label.get(implied.quantization, "")
+            kind = _METHOD_TO_LABEL.get(implied.quantization, "")
             raise ValueError(
                 f"quantization: model {model!r} is a {kind}{implied.dtype} checkpoint, which "
                 f"vLLM does not serve as {method!r}; leave quantization out"
