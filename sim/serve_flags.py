@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from sim.catalog.models import checkpoint_quantization
+from sim.catalog.model_names import checkpoint_quantization
 from sim.scenario import EngineSpec, Scenario
 
 #: The CPU attention backend only supports block sizes that are multiples of this (vLLM 0.32).
@@ -107,7 +107,7 @@ def dtype_args(
     fp8 weights are vLLM's dynamic fp8 quantization of a 16-bit checkpoint; int8 and int4 need a
     quantized checkpoint (PREQUANTIZED), or bitsandbytes' on-the-fly quantization. A model
     named as a quantized checkpoint (``quantized_checkpoint``: ``Qwen/Qwen3-8B-FP8``, see
-    sim.catalog.models.checkpoint_quantization) gets no ``--quantization`` (but bitsandbytes):
+    sim.catalog.model_names.checkpoint_quantization) gets no ``--quantization`` (but bitsandbytes):
     vLLM reads the method from the checkpoint's config, and refuses a flag that names another
     (compressed-tensors FP8 checkpoints under ``--quantization fp8``, GPTQ ones under
     ``awq_marlin``).

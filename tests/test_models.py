@@ -10,10 +10,10 @@ from typing import Any
 import pytest
 
 from sim.catalog.hf_config import load_hf_config
+from sim.catalog.model_names import checkpoint_quantization
 from sim.catalog.models import (
     MODEL_CATALOG,
     ModelArch,
-    checkpoint_quantization,
     get_model,
     model_names,
 )

@@ -29,7 +29,8 @@ from dashboards.state import (
     set_scenario_data,
 )
 from sim.catalog.hardware import GPU_CATALOG
-from sim.catalog.models import MODEL_CATALOG, checkpoint_quantization
+from sim.catalog.model_names import checkpoint_quantization
+from sim.catalog.models import MODEL_CATALOG
 
 ROUTERS = ["round_robin", "random", "least_outstanding", "least_kv", "prefix_affinity"]
 

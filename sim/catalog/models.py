@@ -17,6 +17,7 @@ import difflib
 from dataclasses import dataclass
 
 from sim.catalog.hardware import bytes_per_element
+from sim.catalog.model_names import normalise_model_name
 
 
 @dataclass(frozen=True, slots=True)
@@ -712,96 +713,6 @@ MODEL_CATALOG: dict[str, ModelArch] = {
 }
 """The built-in models, keyed by the names :func:`get_model` resolves to."""
 
-# Normalised Hugging Face repo names that the generic rules in _normalise_model_name miss.
-_MODEL_ALIASES: dict[str, str] = {
-    "mistral-7b-v0.3": "mistral-7b",
-    "mistral-7b-instruct-v0.3": "mistral-7b",
-    "llama-2-7b-hf": "llama-2-7b",
-    "llama-2-7b-chat-hf": "llama-2-7b",
-    "llama-2-13b-hf": "llama-2-13b",
-    "llama-2-13b-chat-hf": "llama-2-13b",
-    "llama-2-70b-hf": "llama-2-70b",
-    "llama-2-70b-chat-hf": "llama-2-70b",
-    "mixtral-8x7b-v0.1": "mixtral-8x7b",
-    "mixtral-8x7b-instruct-v0.1": "mixtral-8x7b",
-}
-
-
-@dataclass(frozen=True)
-class CheckpointQuantization:
-    """How a quantized checkpoint stores and computes its weights: the scenario's ``dtype`` and
-    ``quantization`` method (sim/engine/quantization.py) its name implies."""
-
-    dtype: str
-    quantization: str
-
-
-_FP8 = CheckpointQuantization("fp8", "auto")  # W8A8 where the GPU has fp8 tensor cores
-_INT4_WEIGHT_ONLY = CheckpointQuantization("int4", "weight_only")
-_INT8_WEIGHT_ONLY = CheckpointQuantization("int8", "weight_only")
-
-#: Name suffixes of quantized checkpoints (the architecture of the model they quantize, fewer
-#: bytes per weight) and how each stores and computes its weights, as the common publishers
-#: name them: "-FP8" and "-FP8-dynamic" (Neural Magic / Red Hat, Qwen); Red Hat's integer
-#: "-quantized.w4a16" / "w8a16" (weight-only) and "w8a8" (int8 activations too); "-AWQ",
-#: "-AWQ-INT4" (AutoAWQ, hugging-quants) and "-GPTQ-Int4" / "-Int8" (Qwen; a bare "-GPTQ" is
-#: 4-bit), all weight-only; "-bnb-4bit" (bitsandbytes NF4). The longest match wins.
-_SUFFIX_TO_QUANTIZATION: dict[str, CheckpointQuantization] = {
-    "-fp8": _FP8,
-    "-fp8-dynamic": _FP8,
-    "-awq": _INT4_WEIGHT_ONLY,
-    "-awq-int4": _INT4_WEIGHT_ONLY,
-    "-gptq": _INT4_WEIGHT_ONLY,
-    "-gptq-int4": _INT4_WEIGHT_ONLY,
-    "-gptq-int8": _INT8_WEIGHT_ONLY,
-    "-quantized.w4a16": _INT4_WEIGHT_ONLY,
-    "-quantized.w8a16": _INT8_WEIGHT_ONLY,
-    "-quantized.w8a8": CheckpointQuantization("int8", "w8a8"),
-    "-w4a16": _INT4_WEIGHT_ONLY,
-    "-w8a16": _INT8_WEIGHT_ONLY,
-    "-w8a8": CheckpointQuantization("int8", "w8a8"),
-    "-int4": _INT4_WEIGHT_ONLY,
-    "-int8": _INT8_WEIGHT_ONLY,
-    "-bnb-4bit": CheckpointQuantization("int4", "bitsandbytes"),
-}
-
-
-def _repo_key(name: str) -> str:
-    """Lower-case repo name without the org or the ``Meta-`` prefix."""
-    return name.strip().lower().rsplit("/", 1)[-1].replace("_", "-").removeprefix("meta-")
-
-
-def _split_quantization(key: str) -> tuple[str, CheckpointQuantization | None]:
-    """``key`` without a quantized checkpoint's suffix, and what that suffix says."""
-    matches = [suffix for suffix in _SUFFIX_TO_QUANTIZATION if key.endswith(suffix)]
-    if not matches:
-        return key, None
-    suffix = max(matches, key=len)
-    return key[: -len(suffix)], _SUFFIX_TO_QUANTIZATION[suffix]
-
-
-def checkpoint_quantization(name: str) -> CheckpointQuantization | None:
-    """How a quantized checkpoint's name says it stores and computes its weights
-    (``'Qwen/Qwen3-8B-FP8'`` → fp8, ``'Qwen/Qwen2.5-7B-Instruct-GPTQ-Int8'`` → int8
-    weight-only); None for any other name."""
-    key = _repo_key(name)
-    if key in _MODEL_ALIASES:
-        return None
-    return _split_quantization(key)[1]
-
-
-def _normalise_model_name(name: str) -> str:
-    """The catalogue key ``name`` resolves to: its repo name without the org, the ``Meta-``
-    prefix, a quantized checkpoint's suffix or an ``-Instruct`` / ``-Chat`` suffix."""
-    key = _repo_key(name)
-    if key not in _MODEL_ALIASES:
-        key = _split_quantization(key)[0]
-    if key not in _MODEL_ALIASES:
-        # Instruct and chat variants share the base model's architecture (Qwen2.5's differ
-        # only in max_position_embeddings), so they resolve to the base entry.
-        key = key.removesuffix("-instruct").removesuffix("-chat")
-    return _MODEL_ALIASES.get(key, key)
-
 
 def get_model(name: str) -> ModelArch:
     """The catalogue model called ``name``.
@@ -810,10 +721,11 @@ def get_model(name: str) -> ModelArch:
     ``'meta-llama/Meta-Llama-3.1-8B-Instruct'``, ``'meta-llama/Llama-2-70b-chat-hf'``,
     ``'Qwen/Qwen2.5-7B-Instruct'``, ``'Qwen/Qwen3-8B'``, ``'mistralai/Mistral-7B-Instruct-v0.3'``);
     an Instruct or chat variant resolves to its base model's entry, and so does a quantized
-    checkpoint (``'Qwen/Qwen3-8B-FP8'``; :func:`checkpoint_quantization` says how it stores
-    its weights). An unknown name raises ``ValueError`` with the closest catalogue names.
+    checkpoint (``'Qwen/Qwen3-8B-FP8'``; sim.catalog.model_names.checkpoint_quantization
+    says how it stores its weights). An unknown name raises ``ValueError`` with the closest
+    catalogue names.
     """
-    key = _normalise_model_name(name)
+    key = normalise_model_name(name)
     if key in MODEL_CATALOG:
         return MODEL_CATALOG[key]
     suggestions = difflib.get_close_matches(key, list(MODEL_CATALOG), n=3, cutoff=0.6)

@@ -24,7 +24,7 @@ from typing import Any
 
 import yaml
 
-from sim.catalog.models import checkpoint_quantization
+from sim.catalog.model_names import checkpoint_quantization
 from sim.scenario import CustomGPUSpec, Scenario
 from sim.serve_flags import scenario_dtype_args, vllm_serve_args
 

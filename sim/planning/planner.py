@@ -21,7 +21,8 @@ from typing import Any
 
 import pandas as pd
 
-from sim.catalog.models import checkpoint_quantization, get_model
+from sim.catalog.model_names import checkpoint_quantization
+from sim.catalog.models import get_model
 from sim.planning.parallel import run_all
 from sim.run import summary_or_error
 

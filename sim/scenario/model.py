@@ -9,7 +9,8 @@ from pydantic import Field, model_validator
 
 from sim.catalog.hardware import GPU, get_gpu
 from sim.catalog.hf_config import load_hf_config
-from sim.catalog.models import ModelArch, checkpoint_quantization, get_model
+from sim.catalog.model_names import checkpoint_quantization
+from sim.catalog.models import ModelArch, get_model
 from sim.engine.memory import kv_dtype_for
 from sim.scenario.base import Spec
 from sim.scenario.sections import (
