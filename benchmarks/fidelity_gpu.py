@@ -50,7 +50,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from sim.catalog.hardware import get_gpu
+from sim.catalog.hardware import dtype_spelling, get_gpu
+from sim.catalog.model_names import checkpoint_quantization
 from sim.run import build
 from sim.scenario import ScenarioError, parse_scenario
 
@@ -283,6 +284,17 @@ COLUMN_TO_ENGINE_FIELD: dict[str, tuple[str, Callable[[pd.Series, str], Any]]] =
 }
 
 
+def _weights_dtype(stage: pd.Series) -> str:
+    """The scenario's ``dtype`` for the ``dtype`` cell, which holds vLLM's ``--dtype``: for a
+    quantized checkpoint that is the activations' 16-bit type, and the weights are the
+    checkpoint's (``auto``)."""
+    cell = str(stage["dtype"])
+    quantized = checkpoint_quantization(str(stage["model"])) is not None
+    if quantized and dtype_spelling(cell) in ("bf16", "fp16", "auto"):
+        return "auto"
+    return cell
+
+
 def scenario(run: pd.DataFrame, trace: Path, seed: int) -> dict[str, Any]:
     first = run.iloc[0]
     engine: dict[str, Any] = {
@@ -301,7 +313,7 @@ def scenario(run: pd.DataFrame, trace: Path, seed: int) -> dict[str, Any]:
         "seed": seed,
         "model": str(first["model"]),
         "gpu": catalogue_gpu(str(first["gpu"])),
-        "dtype": str(first["dtype"]),
+        "dtype": _weights_dtype(first),
         "engine": engine,
         "workload": {"trace": {"path": str(trace)}},
     }

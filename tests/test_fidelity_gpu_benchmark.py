@@ -22,6 +22,7 @@ from benchmarks.fidelity_gpu import (
     simulate_run,
     stage_requests,
 )
+from sim.scenario import parse_scenario
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -152,3 +153,20 @@ def test_optional_engine_columns_reach_the_scenario(runs: pd.DataFrame, tmp_path
     run["enable_prefix_caching"] = "maybe"
     with pytest.raises(RunsFileError, match="enable_prefix_caching"):
         scenario(run, tmp_path / "t.jsonl", 0)
+
+
+def test_the_dtype_cell_is_vllms_flag_for_a_quantized_checkpoint(
+    runs: pd.DataFrame, tmp_path: Path
+) -> None:
+    # A runs file records vLLM's --dtype: for a quantized checkpoint that is the activations'
+    # 16-bit type, and the weights stay the checkpoint's.
+    trace = tmp_path / "t.jsonl"
+    trace.write_text('{"arrival_s": 0, "prompt_tokens": 8, "output_tokens": 2}\n')
+    run = runs.iloc[:1].copy()
+    run["model"] = "Qwen/Qwen3-8B-FP8"
+    run["dtype"] = "bfloat16"
+    data = scenario(run, trace, 0)
+    assert data["dtype"] == "auto"
+    assert parse_scenario(data).dtype == "fp8"
+    run["model"] = "meta-llama/Llama-3.1-8B-Instruct"
+    assert parse_scenario(scenario(run, trace, 0)).dtype == "bf16"

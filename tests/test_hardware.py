@@ -16,6 +16,7 @@ from sim.catalog.hardware import (
     gpu_names,
 )
 from sim.catalog.models import get_model
+from sim.engine.latency import RooflineModel
 
 
 def _gpu(**overrides: object) -> GPU:
@@ -54,8 +55,11 @@ def test_catalogue_keys() -> None:
         "a100-80gb-pcie",
         "h100-sxm",
         "h100-pcie",
+        "h100-nvl",
+        "h200-nvl",
         "h200",
         "l40s",
+        "l4",
         "b200",
         "rtx-4090",
     ]
@@ -118,6 +122,38 @@ def test_pcie_only_cards_use_pcie_link() -> None:
     for key in ("l40s", "rtx-4090", "a100-40gb-pcie", "a100-80gb-pcie"):
         assert get_gpu(key).link_bandwidth_bytes_per_s == 32e9  # PCIe 4.0 x16, one way
     assert get_gpu("h100-pcie").link_bandwidth_bytes_per_s == 64e9  # PCIe 5.0 x16, one way
+
+
+def test_nvl_cards_talk_over_their_bridge_and_wider_groups_over_pcie() -> None:
+    # nvidia-smi's names resolve; the datasheets' sparse rates halve to the dense ones.
+    h100_nvl, h200_nvl = get_gpu("NVIDIA H100 NVL"), get_gpu("NVIDIA H200 NVL")
+    assert 2 * h100_nvl.bf16_flops == pytest.approx(1671e12, rel=1e-3)
+    assert (h100_nvl.memory_bytes, h100_nvl.memory_bandwidth_bytes_per_s) == (94e9, 3.9e12)
+    assert (h200_nvl.memory_bytes, h200_nvl.memory_bandwidth_bytes_per_s) == (141e9, 4.8e12)
+    assert h100_nvl.link(2) == ("nvlink", 300e9)  # the pair's bridge, 600 GB/s both ways
+    assert h100_nvl.link(4) == h100_nvl.link(8) == ("pcie", 64e9)
+    assert h200_nvl.link(4) == ("nvlink", 450e9)  # the four-way bridge
+    assert h200_nvl.link(8) == ("pcie", 64e9)
+    # Cards without a bridge keep their one link at every size.
+    assert get_gpu("h100-sxm").link(8) == ("nvlink", 450e9)
+    assert get_gpu("l4").link(2) == ("pcie", 32e9)
+    with pytest.raises(ValueError, match="bridge_size must be 0"):
+        _gpu(bridge_size=1, bridge_bandwidth_bytes_per_s=1e9)
+    with pytest.raises(ValueError, match="bridge_bandwidth_bytes_per_s"):
+        _gpu(bridge_size=2)
+
+
+def test_the_all_reduce_follows_the_link_of_the_tp_group() -> None:
+    # Beyond the bridge vLLM falls back to NCCL over PCIe: slower per call and per byte, so a
+    # prefill's all-reduces cost more at TP 4 than at TP 2 on an H100 NVL; not on an H100 SXM.
+    model = get_model("llama-3.1-70b")
+
+    def all_reduce(gpu: str, tp: int) -> float:
+        roofline = RooflineModel(model, get_gpu(gpu), tensor_parallel_size=tp)
+        return roofline.communication_time(2048)
+
+    assert all_reduce("h100-nvl", 4) > 2 * all_reduce("h100-nvl", 2)
+    assert all_reduce("h100-sxm", 4) < 2 * all_reduce("h100-sxm", 2)
 
 
 def test_tensor_flops_by_dtype() -> None:

@@ -134,6 +134,20 @@ def test_a_quantized_checkpoint_sets_its_weights_and_contradicting_them_is_refus
     ]
 
 
+def test_dtypes_read_as_vllm_and_hugging_face_spell_them() -> None:
+    # As copied from a vLLM command line (--dtype bfloat16, --kv-cache-dtype fp8_e4m3) or a
+    # config.json (torch_dtype: float16).
+    spelled = parse_scenario(scenario_dict(dtype="bfloat16", kv_cache_dtype="fp8_e4m3"))
+    assert (spelled.dtype, spelled.kv_cache_dtype) == ("bf16", "fp8")
+    assert parse_scenario(scenario_dict(dtype="Float16")).dtype == "fp16"
+    # --dtype auto: the checkpoint's own weights, 16-bit or quantized.
+    assert parse_scenario(scenario_dict(dtype="auto")).dtype == "bf16"
+    fp8 = parse_scenario(scenario_dict(model="Qwen/Qwen3-8B-FP8", dtype="auto"))
+    assert (fp8.dtype, fp8.quantization) == ("fp8", "auto")
+    found = problems(scenario_dict(dtype="float32"))
+    assert len(found) == 1 and found[0].startswith("dtype:") and "'fp32'" in found[0]
+
+
 def test_w8a8_fp8_on_a100_is_refused() -> None:
     # An A100 has no fp8 tensor cores: fp8 weights can only run weight-only there.
     found = problems(scenario_dict(gpu="a100-80gb-sxm", dtype="fp8", quantization="w8a8"))
@@ -237,3 +251,15 @@ def test_vllm_bench_burstiness_is_a_gamma_shape() -> None:
     assert any("cv or burstiness" in p for p in problems(data))
     data["workload"]["arrival"] = {"type": "gamma", "rate": 4, "burstiness": 0}
     assert any("burstiness" in p and "got 0" in p for p in problems(data))
+
+
+def test_a_custom_gpu_with_an_nvlink_bridge_needs_its_bandwidth() -> None:
+    bridged = {"name": "lab", "memory_gb": 94, "memory_bandwidth_tb_s": 3.9, "bf16_tflops": 835}
+    bridged["bridge_size"] = 2
+    assert problems(scenario_dict(gpu=bridged)) == [
+        "gpu.bridge_bandwidth_gb_s: a GPU with bridge_size needs its NVLink bridge's bandwidth "
+        "per GPU, one direction, in GB/s (H100 NVL: 300)"
+    ]
+    gpu = parse_scenario(scenario_dict(gpu={**bridged, "bridge_bandwidth_gb_s": 300}))
+    assert gpu.resolve_gpu().link(2) == ("nvlink", 300e9)
+    assert gpu.resolve_gpu().link(4) == ("pcie", 32e9)

@@ -50,10 +50,16 @@ _DTYPE_ALIASES: dict[str, str] = {
 }
 
 
+def dtype_spelling(dtype: str) -> str:
+    """``dtype`` in the simulator's spelling when it is a known alias (``"bfloat16"`` → ``"bf16"``,
+    ``"FP8_E4M3"`` → ``"fp8"``), else unchanged, for the caller to accept or refuse."""
+    key = dtype.strip().lower()
+    return _DTYPE_ALIASES.get(key, key)
+
+
 def _canonical_dtype(dtype: str) -> str:
     """The :data:`DTYPE_BYTES` key for ``dtype`` (case-insensitive, common aliases accepted)."""
-    key = dtype.strip().lower()
-    key = _DTYPE_ALIASES.get(key, key)
+    key = dtype_spelling(dtype)
     if key not in DTYPE_BYTES:
         raise ValueError(
             f"unknown dtype {dtype!r}; use one of {', '.join(DTYPE_BYTES)} "
@@ -107,7 +113,11 @@ class GPU:
     ``None`` leaves the roofline's defaults (sim/engine/latency.py). ``interconnect`` is how the
     GPUs of one server reach each other, ``"nvlink"`` (an NVLink fabric joining all of them) or
     ``"pcie"``; ``peer_to_peer`` False where the driver refuses GPU peer access (GeForce RTX
-    40-series): both decide which all-reduce vLLM can use. Every number is checked
+    40-series): both decide which all-reduce vLLM can use. ``bridge_size`` cards of a PCIe GPU
+    sold with NVLink bridges (2 for the H100 NVL, 4 for the H200 NVL's four-way bridge) reach
+    each other over the bridge at ``bridge_bandwidth_bytes_per_s`` (per GPU, one direction): a
+    tensor-parallel group of up to that many talks over it, a larger one over ``interconnect``
+    (see :meth:`link`). Every number is checked
     on construction: a non-positive or non-finite value raises ``ValueError`` naming the field.
     """
 
@@ -125,6 +135,8 @@ class GPU:
     attention_compute_efficiency: float | None = None
     interconnect: str = "nvlink"
     peer_to_peer: bool = True
+    bridge_size: int = 0
+    bridge_bandwidth_bytes_per_s: float | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name.strip():
@@ -155,6 +167,18 @@ class GPU:
         for field_name, value, unit in optional:
             if value is not None:
                 _check_positive(self.name, field_name, value, unit)
+        if self.bridge_size:
+            if isinstance(self.bridge_size, bool) or self.bridge_size < 2:
+                raise ValueError(
+                    f"GPU {self.name!r}: bridge_size must be 0 (no NVLink bridge) or the number "
+                    f"of cards one bridge joins (2 or more), got {self.bridge_size!r}"
+                )
+            _check_positive(
+                self.name,
+                "bridge_bandwidth_bytes_per_s",
+                self.bridge_bandwidth_bytes_per_s,
+                "bytes/s (one direction) over the NVLink bridge",
+            )
         for field_name in ("weight_stream_efficiency", "attention_compute_efficiency"):
             efficiency = getattr(self, field_name)
             if efficiency is not None and (
@@ -166,6 +190,16 @@ class GPU:
                     f"GPU {self.name!r}: {field_name} must be a fraction in (0, 1], got "
                     f"{efficiency!r}; leave it out unless a profile of the GPU measured it"
                 )
+
+    def link(self, tensor_parallel_size: int) -> tuple[str, float]:
+        """How a tensor-parallel group of this size reaches its peers: over an NVLink bridge
+        when one joins them all (``bridge_size``), else over the server's ``interconnect``;
+        with that link's bandwidth per GPU, one direction. vLLM runs its own all-reduce only
+        where every pair has NVLink or at two PCIe GPUs, so wider groups beyond a bridge fall
+        back to PCIe and NCCL (sim/engine/latency.py allreduce_kernel)."""
+        if self.bridge_bandwidth_bytes_per_s and 1 < tensor_parallel_size <= self.bridge_size:
+            return "nvlink", self.bridge_bandwidth_bytes_per_s
+        return self.interconnect, self.link_bandwidth_bytes_per_s
 
     def tensor_flops(self, dtype: str) -> float:
         """Dense tensor-core peak for matrix multiplies whose inputs are ``dtype``.
@@ -348,6 +382,47 @@ GPU_CATALOG: dict[str, GPU] = {
         interconnect="pcie",
         attention_compute_efficiency=HOPPER_ATTENTION_EFFICIENCY,
     ),
+    # Same H100 datasheet, "H100 NVL" column (per GPU): 94 GB HBM3, 3.9 TB/s, BF16 1,671
+    # TFLOPS*, FP8 3,341*, INT8 3,341 TOPS*, TF32 835* (* with sparsity, halved here);
+    # interconnect "NVIDIA NVLink: 600 GB/s, PCIe Gen5: 128 GB/s" (bidirectional). The cards
+    # come joined in pairs by NVLink bridges: a TP group of two talks over the bridge (300 GB/s
+    # one way), a wider one over PCIe Gen5 x16 (64 GB/s one way), as for the H100 PCIe. Same
+    # GH100 chip and FlashAttention kernel as the other Hopper GPUs, at lower clocks.
+    "h100-nvl": GPU(
+        name="H100 NVL",
+        memory_bytes=94e9,
+        memory_bandwidth_bytes_per_s=3.9e12,
+        bf16_flops=835.5e12,
+        fp8_flops=1670.5e12,
+        int8_ops=1670.5e12,
+        link_bandwidth_bytes_per_s=64e9,
+        tf32_flops=417.5e12,
+        interconnect="pcie",
+        bridge_size=2,
+        bridge_bandwidth_bytes_per_s=300e9,
+        attention_compute_efficiency=HOPPER_ATTENTION_EFFICIENCY,
+    ),
+    # NVIDIA H200 Tensor Core GPU datasheet, https://www.nvidia.com/en-us/data-center/h200/
+    # ("H200 NVL" column): 141 GB HBM3e, 4.8 TB/s, BF16 1,671 TFLOPS*, FP8 3,341*, INT8 3,341
+    # TOPS*, TF32 835* (with sparsity, halved here); interconnect "2- or 4-way NVIDIA NVLink
+    # bridge: 900 GB/s per GPU, PCIe Gen5: 128 GB/s" (bidirectional). We take the four-way
+    # bridge: TP up to 4 over it (450 GB/s one way), TP 8 over PCIe Gen5 x16 (64 GB/s one way).
+    # A server measured at ~836 TFLOP/s of dense bf16 matmul, the datasheet's dense figure
+    # (a four-card H200 NVL server's notes, 600 W cap, ~1,785 MHz).
+    "h200-nvl": GPU(
+        name="H200 NVL",
+        memory_bytes=141e9,
+        memory_bandwidth_bytes_per_s=4.8e12,
+        bf16_flops=835.5e12,
+        fp8_flops=1670.5e12,
+        int8_ops=1670.5e12,
+        link_bandwidth_bytes_per_s=64e9,
+        tf32_flops=417.5e12,
+        interconnect="pcie",
+        bridge_size=4,
+        bridge_bandwidth_bytes_per_s=450e9,
+        attention_compute_efficiency=HOPPER_ATTENTION_EFFICIENCY,
+    ),
     # NVIDIA H200 Tensor Core GPU datasheet, https://www.nvidia.com/en-us/data-center/h200/
     # ("H200 SXM" column): 141 GB HBM3e, 4.8 TB/s, BF16 1,979 TFLOPS*, FP8 3,958*, INT8 3,958*,
     # TF32 989* (with sparsity); NVLink 900 GB/s bidirectional -> 450 GB/s. Same GH100 silicon
@@ -376,6 +451,21 @@ GPU_CATALOG: dict[str, GPU] = {
         int8_ops=733e12,
         link_bandwidth_bytes_per_s=32e9,
         tf32_flops=183e12,
+        interconnect="pcie",
+    ),
+    # NVIDIA L4 Tensor Core GPU datasheet,
+    # https://resources.nvidia.com/en-us-data-center-overview/l4-gpu-datasheet : 24 GB GDDR6,
+    # 300 GB/s; BF16 242 TFLOPS*, FP8 485*, INT8 485 TOPS*, TF32 120* (* with sparsity, halved
+    # here); "PCIe Gen4 x16: 64 GB/s" (bidirectional) -> 32 GB/s one way; no NVLink.
+    "l4": GPU(
+        name="L4",
+        memory_bytes=24e9,
+        memory_bandwidth_bytes_per_s=300e9,
+        bf16_flops=121e12,
+        fp8_flops=242.5e12,
+        int8_ops=242.5e12,
+        link_bandwidth_bytes_per_s=32e9,
+        tf32_flops=60e12,
         interconnect="pcie",
     ),
     # NVIDIA HGX platform specifications, https://www.nvidia.com/en-us/data-center/hgx/
@@ -447,6 +537,9 @@ _GPU_ALIASES: dict[str, str] = {
     "h200-141gb": "h200",
     "h200-sxm-141gb": "h200",
     "b200-180gb": "b200",
+    "h100-nvl-94gb": "h100-nvl",
+    "h200-nvl-141gb": "h200-nvl",
+    "l4-24gb": "l4",
     "4090": "rtx-4090",
     "rtx4090": "rtx-4090",
 }

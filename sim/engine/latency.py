@@ -422,11 +422,16 @@ class RooflineModel:
             p.gemm_latency_s, gpu.gemm_latency_s, DEFAULT_GEMM_LATENCY_S
         )
         #: Seconds per all-reduce call, and per pipeline hand-off (PIPELINE_SEND_LATENCY_S).
-        kernel = allreduce_kernel(gpu.interconnect, tensor_parallel_size, gpu.peer_to_peer)
+        # The TP group's link, and the one between pipeline stages (the whole TP × PP set of
+        # GPUs: beyond an NVLink bridge the hand-off crosses PCIe).
+        interconnect, link = gpu.link(tensor_parallel_size)
+        kernel = allreduce_kernel(interconnect, tensor_parallel_size, gpu.peer_to_peer)
         self.allreduce_latency_s = _first_set(p.allreduce_latency_s, ALLREDUCE_LATENCY_S[kernel])
-        pcie = gpu.interconnect == "pcie"
+        stages_interconnect, stages_link = gpu.link(tensor_parallel_size * pipeline_parallel_size)
+        pcie = stages_interconnect == "pcie"
         send = ALLREDUCE_LATENCY_S["nccl"] if pcie else PIPELINE_SEND_LATENCY_S
         self._send_latency_s = _first_set(p.allreduce_latency_s, send)
+        self._send_bytes_per_s = stages_link
         # bitsandbytes streams (dequantized) 16-bit weights and pays a kernel slowdown on top.
         bnb = quantization == "bitsandbytes"
         weight_bytes = bytes_per_element("bf16" if bnb else dtype)
@@ -496,7 +501,6 @@ class RooflineModel:
         gemms = layers * (attention_gemms + 2) + model.num_moe_layers * moe_extra
         self._linear_floor_s = gemms * self.gemm_latency_s
         self._allreduces_per_step = 2 * layers if tp > 1 else 0
-        link = gpu.link_bandwidth_bytes_per_s
         self._link_bytes_per_s = link
         self._allreduce_s_per_byte = 2.0 * (tp - 1) / tp / link if tp > 1 else 0.0
         # Expert parallelism: each MoE layer's MLP all-reduce becomes a dispatch and a combine
@@ -588,7 +592,7 @@ class RooflineModel:
         if self.pp == 1:
             return 0.0
         message_bytes = num_tokens * self._activation_bytes_per_token
-        per_send = self._send_latency_s + message_bytes / self._link_bytes_per_s
+        per_send = self._send_latency_s + message_bytes / self._send_bytes_per_s
         return (self.pp - 1) * per_send
 
     def linear_time(self, num_tokens: int) -> float:

@@ -51,8 +51,11 @@ GPU_PRODUCTS = {
     "a100-80gb-pcie": "NVIDIA A100 80GB PCIe",
     "h100-sxm": "NVIDIA H100 80GB HBM3",
     "h100-pcie": "NVIDIA H100 PCIe",
+    "h100-nvl": "NVIDIA H100 NVL",
+    "h200-nvl": "NVIDIA H200 NVL",
     "h200": "NVIDIA H200",
     "l40s": "NVIDIA L40S",
+    "l4": "NVIDIA L4",
     "b200": "NVIDIA B200",
     "rtx-4090": "NVIDIA GeForce RTX 4090",
 }

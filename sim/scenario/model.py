@@ -7,7 +7,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, model_validator
 
-from sim.catalog.hardware import GPU, get_gpu
+from sim.catalog.hardware import GPU, dtype_spelling, get_gpu
 from sim.catalog.hf_config import load_hf_config
 from sim.catalog.model_names import checkpoint_quantization
 from sim.catalog.models import ModelArch, get_model
@@ -64,16 +64,28 @@ class Scenario(Spec):
     @model_validator(mode="before")
     @classmethod
     def _weights_of_a_quantized_checkpoint(cls, data: Any) -> Any:
-        """A quantized checkpoint (``Qwen/Qwen3-8B-FP8``) sets ``dtype`` and ``quantization``
-        where the scenario leaves them out (``quantization: auto`` defers to it), and
-        contradicts a scenario that says otherwise."""
-        if not isinstance(data, dict) or not isinstance(data.get("model"), str):
+        """Reads ``dtype`` and ``kv_cache_dtype`` as vLLM and Hugging Face spell them too
+        (``bfloat16``, ``float16``, ``half``, ``fp8_e4m3``), and ``dtype: auto`` as vLLM's
+        ``--dtype auto``: the checkpoint's own weights (16-bit for an unquantized one).
+
+        A quantized checkpoint (``Qwen/Qwen3-8B-FP8``) sets ``dtype`` and ``quantization``
+        where the scenario leaves them out (or says ``auto``; ``quantization: auto`` defers to
+        it), and contradicts a scenario that says otherwise."""
+        if not isinstance(data, dict):
             return data
-        implied = checkpoint_quantization(data["model"])
+        data = dict(data)
+        for field in ("dtype", "kv_cache_dtype"):
+            if isinstance(data.get(field), str):
+                data[field] = dtype_spelling(data[field])
+        model = data.get("model")
+        implied = checkpoint_quantization(model) if isinstance(model, str) else None
         if implied is None:
+            if data.get("dtype") == "auto":
+                data["dtype"] = "bf16"  # fp16 and bf16 checkpoints run alike
             return data
-        model = data["model"]
-        dtype = data.get("dtype", implied.dtype)
+        dtype = data.get("dtype", "auto")
+        if dtype == "auto":
+            dtype = implied.dtype
         if dtype != implied.dtype:
             raise ValueError(
                 f"dtype: model {model!r} is an {implied.dtype} checkpoint but dtype is "

@@ -29,7 +29,20 @@ class CustomGPUSpec(Spec):
     link_bandwidth_gb_s: PositiveFloat = 32.0
     interconnect: Literal["nvlink", "pcie"] = "pcie"  # as the default link bandwidth says
     peer_to_peer: bool = True
+    # PCIe cards joined by NVLink bridges (H100 NVL: 2 at 300 GB/s one way): a TP group of up
+    # to bridge_size talks over the bridge (GPU.link).
+    bridge_size: NonNegativeInt = 0
+    bridge_bandwidth_gb_s: PositiveFloat | None = None
     hourly_cost_usd: PositiveFloat | None = None
+
+    @model_validator(mode="after")
+    def _a_bridge_has_a_bandwidth(self) -> CustomGPUSpec:
+        if self.bridge_size and self.bridge_bandwidth_gb_s is None:
+            raise ValueError(
+                "bridge_bandwidth_gb_s: a GPU with bridge_size needs its NVLink bridge's "
+                "bandwidth per GPU, one direction, in GB/s (H100 NVL: 300)"
+            )
+        return self
 
     def build(self) -> GPU:
         """The GPU value object."""
@@ -44,6 +57,10 @@ class CustomGPUSpec(Spec):
             hourly_cost_usd=self.hourly_cost_usd,
             interconnect=self.interconnect,
             peer_to_peer=self.peer_to_peer,
+            bridge_size=self.bridge_size,
+            bridge_bandwidth_bytes_per_s=(
+                self.bridge_bandwidth_gb_s * 1e9 if self.bridge_bandwidth_gb_s else None
+            ),
         )
 
 
