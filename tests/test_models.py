@@ -109,17 +109,26 @@ def test_catalogue_keys() -> None:
         "llama-3.2-3b",
         "llama-3.3-70b",
         "mistral-7b",
+        "mistral-nemo-12b",
+        "mistral-small-24b",
+        "qwen2.5-0.5b",
+        "qwen2.5-1.5b",
         "qwen2.5-3b",
         "qwen2.5-7b",
         "qwen2.5-14b",
         "qwen2.5-32b",
         "qwen2.5-72b",
+        "qwen3-0.6b",
+        "qwen3-1.7b",
         "qwen3-4b",
         "qwen3-8b",
         "qwen3-14b",
         "qwen3-32b",
+        "phi-4",
+        "deepseek-r1-distill-qwen-1.5b",
         "mixtral-8x7b",
         "qwen3-30b-a3b",
+        "qwen3-235b-a22b",
         "deepseek-v2-lite",
         "servesim-tiny-llama",
     ]
@@ -188,10 +197,86 @@ def test_exact_parameter_counts() -> None:
         ("qwen3-32b", 32_762_123_264),
         ("qwen2.5-14b", 14_770_033_664),
         ("qwen2.5-3b", 3_085_938_688),
+        # keras-hub: keras_hub/src/models/qwen/qwen_presets.py "qwen2.5_0.5b_en"; and
+        # "qwen2.5_math_1.5b_en" for 1.5B (Qwen2.5-Math-1.5B has Qwen2.5-1.5B's weight shapes;
+        # the Qwen2.5-1.5B-Instruct safetensors total quoted in public repositories is the same
+        # 1,543,714,304 in 338 tensors, no lm_head.weight).
+        ("qwen2.5-0.5b", 494_032_768),
+        ("qwen2.5-1.5b", 1_543_714_304),
+        # keras-hub: keras_hub/src/models/qwen3/qwen3_presets.py "qwen3_0.6b_en", "qwen3_1.7b_en"
+        # (also transformers' num_parameters() for Qwen/Qwen3-0.6B). Their safetensors hold more
+        # elements: see test_qwen3_small_checkpoints_store_the_tied_head_twice.
+        ("qwen3-0.6b", 596_049_920),
+        ("qwen3-1.7b", 1_720_574_976),
+        # llama.cpp's n_params for Mistral-Nemo-Instruct-2407 (n_ctx_train 1024000), as quoted in
+        # public tests of llama-server's /v1/models.
+        ("mistral-nemo-12b", 12_247_782_400),
+        # Mistral-Small-24B-Instruct-2501's model.safetensors.index.json (a copy is in
+        # github.com/OpenMOSE/RWKV-LM-RLHF, main/tokenizer/mistralsmall3/): total_size
+        # 47,144,806,400 bytes of bf16; keras-hub's Magistral/Devstral Small presets (the same
+        # text model) give the same count.
+        ("mistral-small-24b", 23_572_403_200),
+        # llama.cpp's general.parameter_count of microsoft/phi-4, as Ollama's phi4 reports it
+        # (github.com/padiazg/ollama-tools README.md).
+        ("phi-4", 14_659_507_200),
+        # llama.cpp's model_n_params and transformers numel() totals quoted in public
+        # repositories (339 tensors: the untied lm_head.weight among them).
+        ("deepseek-r1-distill-qwen-1.5b", 1_777_088_000),
+        # keras-hub: keras_hub/src/models/qwen3_moe/qwen3_moe_presets.py "qwen3_moe_235b_a22b_en"
+        # (the Hugging Face API's safetensors total for Qwen/Qwen3-235B-A22B is the same).
+        ("qwen3-235b-a22b", 235_093_634_560),
     ],
 )
 def test_exact_parameter_counts_of_added_models(key: str, tensor_elements: int) -> None:
     assert get_model(key).num_params == tensor_elements
+
+
+def test_qwen3_small_checkpoints_store_the_tied_head_twice() -> None:
+    # Qwen3-0.6B and -1.7B tie the LM head to the embedding (tie_word_embeddings: true), so the
+    # model has no separate head, but their safetensors also store lm_head.weight: the Hugging
+    # Face API's safetensors totals (751,632,384 and 2,031,739,904, also llama.cpp's n_params)
+    # count the embedding twice. Memory holds it once, as vLLM loads a tied head.
+    for key, safetensors_total in (("qwen3-0.6b", 751_632_384), ("qwen3-1.7b", 2_031_739_904)):
+        arch = get_model(key)
+        assert arch.tie_word_embeddings and arch.lm_head_params == 0
+        assert arch.num_params + arch.embedding_params == safetensors_total
+    # Qwen2.5's small checkpoints store no copy: their totals are the parameter counts.
+    assert get_model("qwen2.5-0.5b").lm_head_params == get_model("qwen2.5-1.5b").lm_head_params == 0
+
+
+def test_r1_distills_are_their_base_architectures_but_the_1_5b() -> None:
+    # Each alias target matches the distill's config.json in every field the catalogue reads.
+    assert get_model("deepseek-ai/DeepSeek-R1-Distill-Llama-8B") is get_model("llama-3.1-8b")
+    assert get_model("deepseek-ai/DeepSeek-R1-Distill-Llama-70B") is get_model("llama-3.3-70b")
+    for size in ("7b", "14b", "32b"):
+        distill = get_model(f"deepseek-ai/DeepSeek-R1-Distill-Qwen-{size.upper()}")
+        assert distill is get_model(f"qwen2.5-{size}")
+        assert distill.max_position_embeddings == 131072 and distill.vocab_size == 152064
+    # The 1.5B distill (tuned from Qwen2.5-Math-1.5B) is Qwen2.5-1.5B with an untied LM head.
+    distill_1_5b = get_model("deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B")
+    qwen_1_5b = get_model("Qwen/Qwen2.5-1.5B")
+    assert distill_1_5b is not qwen_1_5b and not distill_1_5b.tie_word_embeddings
+    assert (
+        dataclasses.replace(distill_1_5b, name=qwen_1_5b.name, tie_word_embeddings=True)
+        == qwen_1_5b
+    )
+    assert distill_1_5b.num_params - qwen_1_5b.num_params == 151936 * 1536
+
+
+def test_head_dim_is_the_configs_not_hidden_over_heads() -> None:
+    # Mistral-Nemo and Mistral-Small 3: 5120 / 32 = 160, but config.json says head_dim 128.
+    for key in ("mistral-nemo-12b", "mistral-small-24b"):
+        arch = get_model(key)
+        assert arch.head_dim == 128 != arch.hidden_size // arch.num_attention_heads
+        assert arch.kv_bytes_per_token("bf16") == 40 * 2 * 8 * 128 * 2
+
+
+def test_phi_4_fused_projections_count_as_separate_ones() -> None:
+    arch = get_model("microsoft/phi-4")
+    # Phi3's qkv_proj: 5120 -> (40 + 2 x 10) x 128; o_proj 5120 -> 5120; no biases.
+    assert arch.attention_params_per_layer == 5120 * (40 + 2 * 10) * 128 + 5120 * 5120
+    # gate_up_proj: 5120 -> 2 x 17920; down_proj: 17920 -> 5120.
+    assert arch.mlp_params_per_layer == 5120 * 2 * 17920 + 17920 * 5120
 
 
 def test_llama_3_is_llama_3_1_with_an_8k_context() -> None:
@@ -290,6 +375,22 @@ def test_weight_bytes() -> None:
         ("Qwen/Qwen3-32B", "qwen3-32b"),
         ("Qwen/Qwen2.5-14B-Instruct", "qwen2.5-14b"),
         ("Qwen/Qwen2.5-3B", "qwen2.5-3b"),
+        ("Qwen/Qwen2.5-0.5B", "qwen2.5-0.5b"),
+        ("Qwen/Qwen2.5-0.5B-Instruct", "qwen2.5-0.5b"),
+        ("Qwen/Qwen2.5-1.5B", "qwen2.5-1.5b"),
+        ("Qwen/Qwen2.5-1.5B-Instruct", "qwen2.5-1.5b"),
+        ("Qwen/Qwen3-0.6B", "qwen3-0.6b"),
+        ("Qwen/Qwen3-1.7B", "qwen3-1.7b"),
+        ("Qwen/Qwen3-235B-A22B", "qwen3-235b-a22b"),
+        ("mistralai/Mistral-Nemo-Instruct-2407", "mistral-nemo-12b"),
+        ("mistralai/Mistral-Small-24B-Instruct-2501", "mistral-small-24b"),
+        ("microsoft/phi-4", "phi-4"),
+        ("deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B", "deepseek-r1-distill-qwen-1.5b"),
+        ("deepseek-ai/DeepSeek-R1-Distill-Qwen-7B", "qwen2.5-7b"),
+        ("deepseek-ai/DeepSeek-R1-Distill-Qwen-14B", "qwen2.5-14b"),
+        ("deepseek-ai/DeepSeek-R1-Distill-Qwen-32B", "qwen2.5-32b"),
+        ("deepseek-ai/DeepSeek-R1-Distill-Llama-8B", "llama-3.1-8b"),
+        ("deepseek-ai/DeepSeek-R1-Distill-Llama-70B", "llama-3.3-70b"),
     ],
 )
 def test_get_model_aliases(name: str, key: str) -> None:
@@ -330,6 +431,7 @@ WEIGHT_ONLY = "weight_only"
         ("unsloth/Llama-3.2-1B-Instruct-bnb-4bit", "llama-3.2-1b", "int4", "bitsandbytes"),
         ("meta-llama/Llama-3.1-8B-Instruct", "llama-3.1-8b", None, None),
         ("mistralai/Mistral-7B-Instruct-v0.3", "mistral-7b", None, None),
+        ("deepseek-ai/DeepSeek-R1-Distill-Llama-8B", "llama-3.1-8b", None, None),
     ],
 )
 def test_a_quantized_checkpoint_is_its_base_model_stored_as_its_name_says(
@@ -470,6 +572,8 @@ def test_load_hf_config_rejects_non_integer_and_unmodelled_moe(tmp_path: Path) -
         ("mixtral-8x7b", 46_702_792_704, 12.9e9),
         # Qwen3's model card: 30.5B in total, 3.3B activated.
         ("qwen3-30b-a3b", 30.5e9, 3.3e9),
+        # Qwen3's model card (and keras-hub's preset description): 235B in total, 22B activated.
+        ("qwen3-235b-a22b", 235e9, 22e9),
         # DeepSeek-V2's paper: 15.7B in total, 2.4B activated, which leaves out the embedding
         # table (a lookup, not a multiply; 102,400 × 2,048 = 0.21B).
         ("deepseek-v2-lite", 15.7e9, 2.4e9 + 102_400 * 2_048),

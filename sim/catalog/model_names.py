@@ -19,6 +19,19 @@ _MODEL_ALIASES: dict[str, str] = {
     "llama-2-70b-chat-hf": "llama-2-70b",
     "mixtral-8x7b-v0.1": "mixtral-8x7b",
     "mixtral-8x7b-instruct-v0.1": "mixtral-8x7b",
+    "mistral-nemo-instruct-2407": "mistral-nemo-12b",
+    "mistral-small-24b-instruct-2501": "mistral-small-24b",
+    # DeepSeek-R1 distills whose config.json equals the entry's in every field the catalogue
+    # reads (layers, widths, heads, vocabulary, tied or not, max_position_embeddings 131072):
+    # fine-tunes of Llama-3.1-8B, Llama-3.3-70B-Instruct and Qwen2.5-7B/14B/32B shapes. Any
+    # difference is in fields it ignores (Distill-Qwen-7B's rope_theta 10000, and its
+    # "sliding_window": 4096 unused with "use_sliding_window": false). DeepSeek-R1-Distill-Qwen-1.5B
+    # unties Qwen2.5-1.5B's LM head, so it has its own entry.
+    "deepseek-r1-distill-llama-8b": "llama-3.1-8b",
+    "deepseek-r1-distill-llama-70b": "llama-3.3-70b",
+    "deepseek-r1-distill-qwen-7b": "qwen2.5-7b",
+    "deepseek-r1-distill-qwen-14b": "qwen2.5-14b",
+    "deepseek-r1-distill-qwen-32b": "qwen2.5-32b",
 }
 
 

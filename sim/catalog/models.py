@@ -1,11 +1,12 @@
 """Model architectures: parameter counts, weight bytes and KV-cache bytes per token.
 
 Decoder-only transformers of the Llama family (RMSNorm, grouped-query attention, gated SiLU
-MLP, no MLP biases); Mistral, Qwen2/2.5 and Qwen3 share that shape, Qwen2 adding biases to the
-q, k and v projections and Qwen3 an RMSNorm over each head's q and k. Mixtures of experts
-(Mixtral, Qwen3-MoE, DeepSeek-MoE) and DeepSeek's latent attention are described by optional
-fields. That is all a serving simulator needs: how many bytes of weights stream through the GPU
-per step and how many bytes of KV cache each token pins.
+MLP, no MLP biases); Mistral, Qwen2/2.5, Qwen3 and Phi-3/Phi-4 share that shape, Qwen2 adding
+biases to the q, k and v projections and Qwen3 an RMSNorm over each head's q and k (Phi-3 fuses q,
+k and v into one projection and gate and up into another: the same weights, counted alike).
+Mixtures of experts (Mixtral, Qwen3-MoE, DeepSeek-MoE) and DeepSeek's latent attention are
+described by optional fields. That is all a serving simulator needs: how many bytes of weights
+stream through the GPU per step and how many bytes of KV cache each token pins.
 
 Every catalogue entry is transcribed from the model's Hugging Face ``config.json``, cited next to
 it; :func:`sim.catalog.hf_config.load_hf_config` reads any other such config from disk.
@@ -502,6 +503,66 @@ MODEL_CATALOG: dict[str, ModelArch] = {
         tie_word_embeddings=False,
         max_position_embeddings=32768,
     ),
+    # https://huggingface.co/mistralai/Mistral-Nemo-Instruct-2407/blob/main/config.json: head_dim
+    # 128 although hidden_size / heads is 160; the 131,072-token Tekken vocabulary;
+    # "sliding_window": null. max_position_embeddings 1024000 is the Instruct config's (the
+    # Base-2407 config says 128000, which is why only the Instruct name resolves here).
+    "mistral-nemo-12b": ModelArch(
+        name="mistral-nemo-12b",
+        num_layers=40,
+        hidden_size=5120,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        head_dim=128,
+        intermediate_size=14336,
+        vocab_size=131072,
+        tie_word_embeddings=False,
+        max_position_embeddings=1024000,
+    ),
+    # https://huggingface.co/mistralai/Mistral-Small-24B-Instruct-2501/blob/main/config.json
+    # (Mistral Small 3): head_dim 128 (hidden_size / heads is 160), "sliding_window": null.
+    "mistral-small-24b": ModelArch(
+        name="mistral-small-24b",
+        num_layers=40,
+        hidden_size=5120,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        head_dim=128,
+        intermediate_size=32768,
+        vocab_size=131072,
+        tie_word_embeddings=False,
+        max_position_embeddings=32768,
+    ),
+    # https://huggingface.co/Qwen/Qwen2.5-0.5B/blob/main/config.json: tied embeddings (the
+    # checkpoint stores no lm_head.weight), 64-wide heads (896 / 14), 32,768 positions.
+    "qwen2.5-0.5b": ModelArch(
+        name="qwen2.5-0.5b",
+        num_layers=24,
+        hidden_size=896,
+        num_attention_heads=14,
+        num_key_value_heads=2,
+        head_dim=64,
+        intermediate_size=4864,
+        vocab_size=151936,
+        tie_word_embeddings=True,
+        max_position_embeddings=32768,
+        attention_bias=True,
+    ),
+    # https://huggingface.co/Qwen/Qwen2.5-1.5B/blob/main/config.json: tied embeddings; the base
+    # config says 131072 positions, the -Instruct config 32768 (same weight shapes).
+    "qwen2.5-1.5b": ModelArch(
+        name="qwen2.5-1.5b",
+        num_layers=28,
+        hidden_size=1536,
+        num_attention_heads=12,
+        num_key_value_heads=2,
+        head_dim=128,
+        intermediate_size=8960,
+        vocab_size=151936,
+        tie_word_embeddings=True,
+        max_position_embeddings=131072,
+        attention_bias=True,
+    ),
     # https://huggingface.co/Qwen/Qwen2.5-3B/blob/main/config.json (q/k/v biases, tied
     # embeddings and the 151,936-token vocabulary of the smaller Qwen2.5 models; 32,768 positions).
     "qwen2.5-3b": ModelArch(
@@ -575,6 +636,37 @@ MODEL_CATALOG: dict[str, ModelArch] = {
         max_position_embeddings=131072,
         attention_bias=True,
     ),
+    # https://huggingface.co/Qwen/Qwen3-0.6B/blob/main/config.json: tied embeddings, head_dim 128
+    # (hidden_size / heads is 64). The published safetensors also store lm_head.weight, a copy of
+    # the tied embedding, so the file holds 751,632,384 elements for these 596,049,920 parameters.
+    "qwen3-0.6b": ModelArch(
+        name="qwen3-0.6b",
+        num_layers=28,
+        hidden_size=1024,
+        num_attention_heads=16,
+        num_key_value_heads=8,
+        head_dim=128,
+        intermediate_size=3072,
+        vocab_size=151936,
+        tie_word_embeddings=True,
+        max_position_embeddings=40960,
+        qk_norm=True,
+    ),
+    # https://huggingface.co/Qwen/Qwen3-1.7B/blob/main/config.json: tied embeddings (the safetensors
+    # again store a copy as lm_head.weight: 2,031,739,904 elements for 1,720,574,976 parameters).
+    "qwen3-1.7b": ModelArch(
+        name="qwen3-1.7b",
+        num_layers=28,
+        hidden_size=2048,
+        num_attention_heads=16,
+        num_key_value_heads=8,
+        head_dim=128,
+        intermediate_size=6144,
+        vocab_size=151936,
+        tie_word_embeddings=True,
+        max_position_embeddings=40960,
+        qk_norm=True,
+    ),
     # https://huggingface.co/Qwen/Qwen3-4B/blob/main/config.json (model_type qwen3): q/k RMSNorm
     # per head and no attention biases; head_dim 128 although hidden_size / heads is 80; tied
     # embeddings. max_position_embeddings 40960 (the model card's 32,768-token context plus
@@ -634,6 +726,40 @@ MODEL_CATALOG: dict[str, ModelArch] = {
         max_position_embeddings=40960,
         qk_norm=True,
     ),
+    # https://huggingface.co/microsoft/phi-4/blob/main/config.json (model_type phi3): one fused
+    # qkv_proj ((40 + 2 x 10) x 128 outputs) and one fused gate_up_proj (2 x 17,920), no biases
+    # ("attention_bias": false), heads 128 wide (5120 / 40), untied 100,352-token vocabulary,
+    # 16,384 positions, "sliding_window": null, no partial rotary factor.
+    "phi-4": ModelArch(
+        name="phi-4",
+        num_layers=40,
+        hidden_size=5120,
+        num_attention_heads=40,
+        num_key_value_heads=10,
+        head_dim=128,
+        intermediate_size=17920,
+        vocab_size=100352,
+        tie_word_embeddings=False,
+        max_position_embeddings=16384,
+    ),
+    # https://huggingface.co/deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B/blob/main/config.json:
+    # Qwen2.5-1.5B's shapes but an untied LM head ("tie_word_embeddings": false), so not an alias
+    # of qwen2.5-1.5b; 131,072 positions; "use_sliding_window": false (full attention). The
+    # other R1 distills match catalogue entries field for field and resolve to them
+    # (sim/catalog/model_names.py).
+    "deepseek-r1-distill-qwen-1.5b": ModelArch(
+        name="deepseek-r1-distill-qwen-1.5b",
+        num_layers=28,
+        hidden_size=1536,
+        num_attention_heads=12,
+        num_key_value_heads=2,
+        head_dim=128,
+        intermediate_size=8960,
+        vocab_size=151936,
+        tie_word_embeddings=False,
+        max_position_embeddings=131072,
+        attention_bias=True,
+    ),
     # https://huggingface.co/mistralai/Mixtral-8x7B-v0.1/blob/main/config.json: 8 experts
     # ("num_local_experts") of Mistral-7B's MLP width, 2 per token; 46.7B parameters, 12.9B
     # active (tests/test_models.py). "sliding_window": null, so full-context KV is exact.
@@ -670,6 +796,26 @@ MODEL_CATALOG: dict[str, ModelArch] = {
         num_experts=128,
         num_experts_per_token=8,
         moe_intermediate_size=768,
+    ),
+    # https://huggingface.co/Qwen/Qwen3-235B-A22B/blob/main/config.json (model_type qwen3_moe): 128
+    # experts of width 1536, 8 per token, in all 94 layers (decoder_sparse_step 1, no
+    # mlp_only_layers); 64 query and 4 KV heads of 128; 40,960 positions; 235B parameters, 22B
+    # active.
+    "qwen3-235b-a22b": ModelArch(
+        name="qwen3-235b-a22b",
+        num_layers=94,
+        hidden_size=4096,
+        num_attention_heads=64,
+        num_key_value_heads=4,
+        head_dim=128,
+        intermediate_size=12288,
+        vocab_size=151936,
+        tie_word_embeddings=False,
+        max_position_embeddings=40960,
+        qk_norm=True,
+        num_experts=128,
+        num_experts_per_token=8,
+        moe_intermediate_size=1536,
     ),
     # https://huggingface.co/deepseek-ai/DeepSeek-V2-Lite/blob/main/config.json (model_type
     # deepseek_v2): multi-head latent attention (kv_lora_rank 512, qk_rope_head_dim 64,
@@ -719,8 +865,10 @@ def get_model(name: str) -> ModelArch:
 
     Case-insensitive; Hugging Face ids work too (``'meta-llama/Llama-3.1-8B'``,
     ``'meta-llama/Meta-Llama-3.1-8B-Instruct'``, ``'meta-llama/Llama-2-70b-chat-hf'``,
-    ``'Qwen/Qwen2.5-7B-Instruct'``, ``'Qwen/Qwen3-8B'``, ``'mistralai/Mistral-7B-Instruct-v0.3'``);
-    an Instruct or chat variant resolves to its base model's entry, and so does a quantized
+    ``'Qwen/Qwen2.5-7B-Instruct'``, ``'Qwen/Qwen3-8B'``, ``'mistralai/Mistral-7B-Instruct-v0.3'``,
+    ``'deepseek-ai/DeepSeek-R1-Distill-Qwen-7B'``); an Instruct or chat variant resolves to its base
+    model's entry, a fine-tune whose config.json matches an entry's to that entry, and so does a
+    quantized
     checkpoint (``'Qwen/Qwen3-8B-FP8'``; sim.catalog.model_names.checkpoint_quantization
     says how it stores its weights). An unknown name raises ``ValueError`` with the closest
     catalogue names.

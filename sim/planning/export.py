@@ -92,6 +92,15 @@ HF_IDS = {
     "mixtral-8x7b": "mistralai/Mixtral-8x7B-v0.1",
     "qwen3-30b-a3b": "Qwen/Qwen3-30B-A3B",
     "deepseek-v2-lite": "deepseek-ai/DeepSeek-V2-Lite",
+    "qwen2.5-0.5b": "Qwen/Qwen2.5-0.5B",
+    "qwen2.5-1.5b": "Qwen/Qwen2.5-1.5B",
+    "qwen3-0.6b": "Qwen/Qwen3-0.6B",
+    "qwen3-1.7b": "Qwen/Qwen3-1.7B",
+    "mistral-nemo-12b": "mistralai/Mistral-Nemo-Instruct-2407",
+    "mistral-small-24b": "mistralai/Mistral-Small-24B-Instruct-2501",
+    "phi-4": "microsoft/phi-4",
+    "deepseek-r1-distill-qwen-1.5b": "deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B",
+    "qwen3-235b-a22b": "Qwen/Qwen3-235B-A22B",
 }
 #: Public AWQ int4 checkpoints of catalogue models (Hugging Face's hugging-quants collection of
 #: the Llama 3.1 Instruct models), for ``--model`` when the weights are int4. Other int4 or int8
