@@ -13,7 +13,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from sim.catalog.hardware import GPU_CATALOG, get_gpu
+from sim.catalog.hardware import GPU_CATALOG, dtype_spelling, get_gpu
 from sim.catalog.models import MODEL_CATALOG, get_model
 from sim.console import fail, load_or_exit, milliseconds, progress, stderr, warnings_on_stderr
 from sim.engine.latency import BatchShape, RooflineModel, prefill_chunk_pairs
@@ -333,7 +333,9 @@ def inspect(
     model: Annotated[str, typer.Option(help="catalogue model, e.g. llama-3.1-8b")],
     gpu: Annotated[str, typer.Option(help="catalogue GPU, e.g. h100-sxm")],
     tp: Annotated[int, typer.Option(help="tensor_parallel_size")] = 1,
-    dtype: Annotated[str, typer.Option(help="weight dtype: bf16, fp16, fp8, int8, int4")] = "bf16",
+    dtype: Annotated[
+        str, typer.Option(help="weight dtype: bf16, fp16, fp8, int8, int4 (or bfloat16, auto)")
+    ] = "bf16",
     kv_dtype: Annotated[str | None, typer.Option(help="KV cache dtype (default: 16-bit)")] = None,
     gpu_memory_utilization: Annotated[float, typer.Option()] = 0.9,
     max_num_batched_tokens: Annotated[int, typer.Option()] = 8192,
@@ -343,7 +345,9 @@ def inspect(
     try:
         arch = get_model(model)
         device = get_gpu(gpu)
-        kv = kv_dtype_for(dtype, kv_dtype or "auto")
+        dtype = dtype_spelling(dtype)
+        dtype = "bf16" if dtype == "auto" else dtype  # vLLM's --dtype auto: 16-bit weights
+        kv = kv_dtype_for(dtype, dtype_spelling(kv_dtype or "auto"))
         plan = plan_memory(
             arch,
             device,
@@ -458,6 +462,9 @@ def catalog() -> None:
         # The link's kind decides vLLM's all-reduce (sim/engine/latency.py allreduce_kernel).
         kind = {"nvlink": "NVLink", "pcie": "PCIe"}[gpu.interconnect]
         link = f"{gpu.link_bandwidth_bytes_per_s / 1e9:,.0f} {kind}"
+        if gpu.bridge_size and gpu.bridge_bandwidth_bytes_per_s:
+            bridge = gpu.bridge_bandwidth_bytes_per_s / 1e9
+            link += f", NVLink bridge ×{gpu.bridge_size} {bridge:,.0f}"
         gpus.add_row(
             key,
             gpu.name,

@@ -81,6 +81,9 @@ def test_inspect_prints_memory_and_step_times() -> None:
     assert "131,072" in result.output  # KV bytes per token
     assert "decode batch 128" in result.output and "prefill 2048" in result.output
     assert "where it goes" in result.output and "GEMM fix" in result.output
+    spelled = ["inspect", "--model", "llama-3.1-8b", "--gpu", "h100-sxm", "--dtype", "bfloat16"]
+    assert runner.invoke(app, spelled).output == result.output  # vLLM's spelling, same numbers
+    assert runner.invoke(app, [*spelled[:-1], "auto"]).output == result.output
     bad = runner.invoke(app, ["inspect", "--model", "llama-9", "--gpu", "h100-sxm"])
     assert bad.exit_code == 2
 

@@ -133,6 +133,7 @@ def test_nvl_cards_talk_over_their_bridge_and_wider_groups_over_pcie() -> None:
     assert h100_nvl.link(2) == ("nvlink", 300e9)  # the pair's bridge, 600 GB/s both ways
     assert h100_nvl.link(4) == h100_nvl.link(8) == ("pcie", 64e9)
     assert h200_nvl.link(4) == ("nvlink", 450e9)  # the four-way bridge
+    assert h200_nvl.link(2) == ("nvlink", 150e9)  # a pair uses its links to the one peer
     assert h200_nvl.link(8) == ("pcie", 64e9)
     # Cards without a bridge keep their one link at every size.
     assert get_gpu("h100-sxm").link(8) == ("nvlink", 450e9)
@@ -154,6 +155,19 @@ def test_the_all_reduce_follows_the_link_of_the_tp_group() -> None:
 
     assert all_reduce("h100-nvl", 4) > 2 * all_reduce("h100-nvl", 2)
     assert all_reduce("h100-sxm", 4) < 2 * all_reduce("h100-sxm", 2)
+
+
+def test_a_pipeline_hand_off_beyond_the_bridge_crosses_pcie() -> None:
+    model = get_model("llama-3.1-8b")
+
+    def send(tp: int, pp: int) -> float:
+        roofline = RooflineModel(
+            model, get_gpu("h100-nvl"), tensor_parallel_size=tp, pipeline_parallel_size=pp
+        )
+        return roofline.pipeline_send_time(2048)
+
+    # TP 1 × PP 2 fits the bridged pair; TP 2 × PP 2 spans two pairs over PCIe.
+    assert send(2, 2) > 3 * send(1, 2)
 
 
 def test_tensor_flops_by_dtype() -> None:

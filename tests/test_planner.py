@@ -160,5 +160,10 @@ def test_a_quantized_checkpoint_is_weighed_at_other_dtypes_as_its_base_model() -
     assert own["model"] == "Qwen/Qwen3-8B-FP8" and parse_scenario(own).dtype == "fp8"
     other = apply(data, Candidate("h100-sxm", 1, "bf16", 1))
     assert other["model"] == "qwen3-8b" and parse_scenario(other).dtype == "bf16"
+    # vLLM's spellings: auto is the checkpoint's own weights, bfloat16 the base model's bf16.
+    auto = apply(data, Candidate("h100-sxm", 1, "auto", 1))
+    assert (auto["model"], auto["dtype"]) == ("Qwen/Qwen3-8B-FP8", "fp8")
+    spelled = apply(data, Candidate("h100-sxm", 1, "bfloat16", 1))
+    assert (spelled["model"], spelled["dtype"]) == ("qwen3-8b", "bf16")
     gptq = scenario_dict(model="Qwen/Qwen2.5-7B-Instruct-GPTQ-Int8", quantization="weight_only")
     assert "quantization" not in apply(gptq, Candidate("h100-sxm", 1, "fp8", 1))

@@ -125,7 +125,8 @@ def test_a_quantized_checkpoint_sets_its_weights_and_contradicting_them_is_refus
     assert parse_scenario(weight_only).quantization == "weight_only"
     assert problems(scenario_dict(model="Qwen/Qwen2.5-7B-Instruct-AWQ", dtype="bf16")) == [
         "dtype: model 'Qwen/Qwen2.5-7B-Instruct-AWQ' is an int4 checkpoint but dtype is 'bf16'; "
-        "set dtype: int4, or name the 16-bit model"
+        "set dtype: int4 or auto (vLLM's --dtype is the activations' type), or name the 16-bit "
+        "model"
     ]
     awq_as_nf4 = scenario_dict(model="Qwen/Qwen2.5-7B-Instruct-AWQ", quantization="bitsandbytes")
     assert problems(awq_as_nf4) == [
@@ -260,6 +261,8 @@ def test_a_custom_gpu_with_an_nvlink_bridge_needs_its_bandwidth() -> None:
         "gpu.bridge_bandwidth_gb_s: a GPU with bridge_size needs its NVLink bridge's bandwidth "
         "per GPU, one direction, in GB/s (H100 NVL: 300)"
     ]
+    unbridged = {**bridged, "bridge_size": 0, "bridge_bandwidth_gb_s": 300}
+    assert problems(scenario_dict(gpu=unbridged))[0].startswith("gpu.bridge_size: ")
     gpu = parse_scenario(scenario_dict(gpu={**bridged, "bridge_bandwidth_gb_s": 300}))
     assert gpu.resolve_gpu().link(2) == ("nvlink", 300e9)
     assert gpu.resolve_gpu().link(4) == ("pcie", 32e9)

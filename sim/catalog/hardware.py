@@ -196,9 +196,14 @@ class GPU:
         when one joins them all (``bridge_size``), else over the server's ``interconnect``;
         with that link's bandwidth per GPU, one direction. vLLM runs its own all-reduce only
         where every pair has NVLink or at two PCIe GPUs, so wider groups beyond a bridge fall
-        back to PCIe and NCCL (sim/engine/latency.py allreduce_kernel)."""
+        back to PCIe and NCCL (sim/engine/latency.py allreduce_kernel). A bridge of more than
+        two cards gives a smaller group its links to those members only (the H200 NVL's
+        four-way bridge: a third of its 450 GB/s to the one peer of a pair)."""
         if self.bridge_bandwidth_bytes_per_s and 1 < tensor_parallel_size <= self.bridge_size:
-            return "nvlink", self.bridge_bandwidth_bytes_per_s
+            # A bridge joining more than two cards splits each one's NVLinks evenly over its
+            # peers: a group uses the links to its own members.
+            share = (tensor_parallel_size - 1) / (self.bridge_size - 1)
+            return "nvlink", self.bridge_bandwidth_bytes_per_s * share
         return self.interconnect, self.link_bandwidth_bytes_per_s
 
     def tensor_flops(self, dtype: str) -> float:
@@ -406,9 +411,8 @@ GPU_CATALOG: dict[str, GPU] = {
     # ("H200 NVL" column): 141 GB HBM3e, 4.8 TB/s, BF16 1,671 TFLOPS*, FP8 3,341*, INT8 3,341
     # TOPS*, TF32 835* (with sparsity, halved here); interconnect "2- or 4-way NVIDIA NVLink
     # bridge: 900 GB/s per GPU, PCIe Gen5: 128 GB/s" (bidirectional). We take the four-way
-    # bridge: TP up to 4 over it (450 GB/s one way), TP 8 over PCIe Gen5 x16 (64 GB/s one way).
-    # A server measured at ~836 TFLOP/s of dense bf16 matmul, the datasheet's dense figure
-    # (a four-card H200 NVL server's notes, 600 W cap, ~1,785 MHz).
+    # bridge: TP up to 4 over it (450 GB/s one way per GPU, split over its three peers, see
+    # GPU.link), TP 8 over PCIe Gen5 x16 (64 GB/s one way).
     "h200-nvl": GPU(
         name="H200 NVL",
         memory_bytes=141e9,

@@ -867,9 +867,9 @@ def get_model(name: str) -> ModelArch:
     ``'meta-llama/Meta-Llama-3.1-8B-Instruct'``, ``'meta-llama/Llama-2-70b-chat-hf'``,
     ``'Qwen/Qwen2.5-7B-Instruct'``, ``'Qwen/Qwen3-8B'``, ``'mistralai/Mistral-7B-Instruct-v0.3'``,
     ``'deepseek-ai/DeepSeek-R1-Distill-Qwen-7B'``); an Instruct or chat variant resolves to its base
-    model's entry, a fine-tune whose config.json matches an entry's to that entry, and so does a
-    quantized
-    checkpoint (``'Qwen/Qwen3-8B-FP8'``; sim.catalog.model_names.checkpoint_quantization
+    model's entry, a listed fine-tune whose config.json matches an entry's (the R1 distills in
+    sim.catalog.model_names) to that entry, and so does a quantized checkpoint
+    (``'Qwen/Qwen3-8B-FP8'``; sim.catalog.model_names.checkpoint_quantization
     says how it stores its weights). An unknown name raises ``ValueError`` with the closest
     catalogue names.
     """

@@ -422,11 +422,11 @@ class RooflineModel:
         self.gemm_latency_s = _first_set(
             p.gemm_latency_s, gpu.gemm_latency_s, DEFAULT_GEMM_LATENCY_S
         )
-        #: Seconds per all-reduce call, and per pipeline hand-off (PIPELINE_SEND_LATENCY_S).
         # The TP group's link, and the one between pipeline stages (the whole TP × PP set of
         # GPUs: beyond an NVLink bridge the hand-off crosses PCIe).
         interconnect, link = gpu.link(tensor_parallel_size)
         kernel = allreduce_kernel(interconnect, tensor_parallel_size, gpu.peer_to_peer)
+        #: Seconds per all-reduce call, and per pipeline hand-off (PIPELINE_SEND_LATENCY_S).
         self.allreduce_latency_s = _first_set(p.allreduce_latency_s, ALLREDUCE_LATENCY_S[kernel])
         stages_interconnect, stages_link = gpu.link(tensor_parallel_size * pipeline_parallel_size)
         pcie = stages_interconnect == "pcie"

@@ -21,6 +21,7 @@ from typing import Any
 
 import pandas as pd
 
+from sim.catalog.hardware import dtype_spelling
 from sim.catalog.model_names import checkpoint_quantization
 from sim.catalog.models import get_model
 from sim.planning.parallel import run_all
@@ -78,10 +79,14 @@ def apply(data: dict[str, Any], candidate: Candidate) -> dict[str, Any]:
     """
     out = copy.deepcopy(data)
     out["gpu"] = candidate.gpu
-    out["dtype"] = candidate.dtype
     model = out.get("model")
     quantized = checkpoint_quantization(model) if isinstance(model, str) else None
-    if quantized is not None and quantized.dtype != candidate.dtype:
+    # vLLM's spellings as the scenario reads them; auto: the named checkpoint's own weights.
+    dtype = dtype_spelling(candidate.dtype)
+    if dtype == "auto":
+        dtype = quantized.dtype if quantized is not None else "bf16"
+    out["dtype"] = dtype
+    if quantized is not None and quantized.dtype != dtype:
         # Other weights than the named checkpoint's: the model it quantizes, at the candidate's.
         out["model"] = get_model(str(model)).name
         if out.get("quantization") == quantized.quantization:

@@ -63,7 +63,7 @@ class Scenario(Spec):
 
     @model_validator(mode="before")
     @classmethod
-    def _weights_of_a_quantized_checkpoint(cls, data: Any) -> Any:
+    def _dtypes_and_quantized_checkpoints(cls, data: Any) -> Any:
         """Reads ``dtype`` and ``kv_cache_dtype`` as vLLM and Hugging Face spell them too
         (``bfloat16``, ``float16``, ``half``, ``fp8_e4m3``), and ``dtype: auto`` as vLLM's
         ``--dtype auto``: the checkpoint's own weights (16-bit for an unquantized one).
@@ -89,7 +89,8 @@ class Scenario(Spec):
         if dtype != implied.dtype:
             raise ValueError(
                 f"dtype: model {model!r} is an {implied.dtype} checkpoint but dtype is "
-                f"{dtype!r}; set dtype: {implied.dtype}, or name the 16-bit model"
+                f"{dtype!r}; set dtype: {implied.dtype} or auto (vLLM's --dtype is the "
+                "activations' type), or name the 16-bit model"
             )
         method = data.get("quantization", "auto")
         # An fp8 checkpoint runs W8A8 or weight-only by the GPU ("auto"): either may be asked.

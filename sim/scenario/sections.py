@@ -37,6 +37,11 @@ class CustomGPUSpec(Spec):
 
     @model_validator(mode="after")
     def _a_bridge_has_a_bandwidth(self) -> CustomGPUSpec:
+        if self.bridge_bandwidth_gb_s is not None and not self.bridge_size:
+            raise ValueError(
+                "bridge_size: bridge_bandwidth_gb_s is set but bridge_size is 0; set the number "
+                "of cards one NVLink bridge joins (H100 NVL: 2), or leave the bandwidth out"
+            )
         if self.bridge_size and self.bridge_bandwidth_gb_s is None:
             raise ValueError(
                 "bridge_bandwidth_gb_s: a GPU with bridge_size needs its NVLink bridge's "
