@@ -14,6 +14,7 @@ from sim.catalog.hardware import (
     bytes_per_element,
     get_gpu,
     gpu_names,
+    reported_memory_bytes,
 )
 from sim.catalog.models import get_model
 from sim.engine.latency import RooflineModel
@@ -168,6 +169,17 @@ def test_a_pipeline_hand_off_beyond_the_bridge_crosses_pcie() -> None:
 
     # TP 1 × PP 2 fits the bridged pair; TP 2 × PP 2 spans two pairs over PCIe.
     assert send(2, 2) > 3 * send(1, 2)
+
+
+def test_gddr_ecc_keeps_a_sixteenth_of_the_memory_from_cuda() -> None:
+    # vLLM logs total_gpu_memory 44.31-44.39 GiB on an L40S; nvidia-smi shows 23,034 MiB of an
+    # L4's 24 GiB. HBM cards and the RTX 4090 keep the measured 0.98 of their GiB.
+    l40s = reported_memory_bytes(get_gpu("l40s")) / 2**30
+    assert l40s == pytest.approx(44.35, rel=0.01)
+    assert reported_memory_bytes(get_gpu("l4")) / 2**20 < 23_034
+    assert reported_memory_bytes(get_gpu("h100-sxm")) == 80 * 2**30 * 0.98
+    with pytest.raises(ValueError, match="ecc_reserved_fraction"):
+        _gpu(ecc_reserved_fraction=1.0)
 
 
 def test_tensor_flops_by_dtype() -> None:

@@ -117,7 +117,9 @@ class GPU:
     sold with NVLink bridges (2 for the H100 NVL, 4 for the H200 NVL's four-way bridge) reach
     each other over the bridge at ``bridge_bandwidth_bytes_per_s`` (per GPU, one direction): a
     tensor-parallel group of up to that many talks over it, a larger one over ``interconnect``
-    (see :meth:`link`). Every number is checked
+    (see :meth:`link`). ``ecc_reserved_fraction`` is the share of a GDDR card's memory its
+    ECC, on by default on data-centre cards, keeps from CUDA (HBM carries ECC beside the data,
+    so 0 there; see :func:`reported_memory_bytes`). Every number is checked
     on construction: a non-positive or non-finite value raises ``ValueError`` naming the field.
     """
 
@@ -137,6 +139,7 @@ class GPU:
     peer_to_peer: bool = True
     bridge_size: int = 0
     bridge_bandwidth_bytes_per_s: float | None = None
+    ecc_reserved_fraction: float = 0.0
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name.strip():
@@ -178,6 +181,12 @@ class GPU:
                 "bridge_bandwidth_bytes_per_s",
                 self.bridge_bandwidth_bytes_per_s,
                 "bytes/s (one direction) over the NVLink bridge",
+            )
+        ecc = self.ecc_reserved_fraction
+        if isinstance(ecc, bool) or not isinstance(ecc, int | float) or not 0 <= ecc < 1:
+            raise ValueError(
+                f"GPU {self.name!r}: ecc_reserved_fraction must be in [0, 1), got {ecc!r}; "
+                "0 unless ECC takes memory from CUDA (GDDR data-centre cards: 1/16)"
             )
         for field_name in ("weight_stream_efficiency", "attention_compute_efficiency"):
             efficiency = getattr(self, field_name)
@@ -248,9 +257,19 @@ class GPU:
 REPORTED_FRACTION_OF_GIB = 0.98
 
 
+#: What ECC keeps from CUDA on a GDDR6 data-centre card, where it is on by default: 1/16 of the
+#: memory. nvidia-smi reports an L4 ("24 GB") at 23,034 MiB and an L40S ("48 GB") at 46,068 MiB,
+#: both 0.937 of the GiB figure (public nvidia-smi logs, e.g. found by searching "23034MiB"),
+#: where an RTX 4090 without ECC reports 24,564 MiB of 24 GiB; vLLM on an L40S logs
+#: ``total_gpu_memory`` of 44.31–44.39 GiB, and 48 × 15/16 × REPORTED_FRACTION_OF_GIB is 44.1.
+GDDR_ECC_RESERVED_FRACTION = 1 / 16
+
+
 def reported_memory_bytes(gpu: GPU) -> float:
-    """Total device memory as CUDA reports it (and vLLM's ``gpu_memory_utilization`` scales)."""
-    return gpu.memory_bytes / 1e9 * 2**30 * REPORTED_FRACTION_OF_GIB
+    """Total device memory as CUDA reports it (and vLLM's ``gpu_memory_utilization`` scales),
+    less what ECC keeps on a GDDR card that has it on."""
+    usable = 1.0 - gpu.ecc_reserved_fraction
+    return gpu.memory_bytes / 1e9 * 2**30 * REPORTED_FRACTION_OF_GIB * usable
 
 
 #: Where the catalogue's default GPU-hour prices come from: "H100 vs A100 Cloud Pricing: When the
@@ -456,6 +475,7 @@ GPU_CATALOG: dict[str, GPU] = {
         link_bandwidth_bytes_per_s=32e9,
         tf32_flops=183e12,
         interconnect="pcie",
+        ecc_reserved_fraction=GDDR_ECC_RESERVED_FRACTION,
     ),
     # NVIDIA L4 Tensor Core GPU datasheet,
     # https://resources.nvidia.com/en-us-data-center-overview/l4-gpu-datasheet : 24 GB GDDR6,
@@ -471,6 +491,7 @@ GPU_CATALOG: dict[str, GPU] = {
         link_bandwidth_bytes_per_s=32e9,
         tf32_flops=60e12,
         interconnect="pcie",
+        ecc_reserved_fraction=GDDR_ECC_RESERVED_FRACTION,
     ),
     # NVIDIA HGX platform specifications, https://www.nvidia.com/en-us/data-center/hgx/
     # ("HGX B200", per-GPU rows): 180 GB HBM3e; FP8 9 PFLOPS*, INT8 9 POPS*, FP16/BF16

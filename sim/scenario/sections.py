@@ -33,6 +33,8 @@ class CustomGPUSpec(Spec):
     # to bridge_size talks over the bridge (GPU.link).
     bridge_size: NonNegativeInt = 0
     bridge_bandwidth_gb_s: PositiveFloat | None = None
+    # Memory ECC keeps from CUDA (GDDR data-centre cards: 0.0625; HBM: 0).
+    ecc_reserved_fraction: Annotated[float, Field(ge=0, lt=1)] = 0.0
     hourly_cost_usd: PositiveFloat | None = None
 
     @model_validator(mode="after")
@@ -63,6 +65,7 @@ class CustomGPUSpec(Spec):
             interconnect=self.interconnect,
             peer_to_peer=self.peer_to_peer,
             bridge_size=self.bridge_size,
+            ecc_reserved_fraction=self.ecc_reserved_fraction,
             bridge_bandwidth_bytes_per_s=(
                 self.bridge_bandwidth_gb_s * 1e9 if self.bridge_bandwidth_gb_s else None
             ),
