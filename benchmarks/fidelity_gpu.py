@@ -253,13 +253,19 @@ def stage_requests(
 
 
 def catalogue_gpu(name: str) -> str:
-    """The catalogue GPU for a runs file's ``gpu`` cell (``"H100-80GB-HBM3 SXM"`` → H100 SXM):
-    the whole name, else its first word; the catalogue's own name is returned."""
-    for candidate in (name, name.split()[0]):
+    """The catalogue GPU for a runs file's ``gpu`` cell (``"H100-80GB-HBM3 SXM"`` → H100 SXM,
+    ``"NVIDIA H200 141GB HBM3e"`` → H200): the whole name, else the name less its last words
+    (memory type, form factor) down to its first; the catalogue's own name is returned."""
+    words = name.split()
+    # A capacity the name states must be the card's: "A100 SXM 40GB" is not the 80 GB A100.
+    stated = re.search(r"(\d+)\s*GB", name, re.IGNORECASE)
+    for candidate in (" ".join(words[:end]) for end in range(len(words), 0, -1)):
         try:
-            return get_gpu(candidate).name
+            gpu = get_gpu(candidate)
         except ValueError:
             continue
+        if stated is None or abs(gpu.memory_bytes / 1e9 - int(stated.group(1))) <= 1:
+            return gpu.name
     raise SystemExit(f"--runs: gpu {name!r} is not in the catalogue (sim/catalog/hardware.py)")
 
 

@@ -16,6 +16,7 @@ from benchmarks.fidelity_gpu import (
     RUNS_FILE,
     PromptReuse,
     RunsFileError,
+    catalogue_gpu,
     output_tokens,
     prompt_reuse,
     scenario,
@@ -170,3 +171,18 @@ def test_the_dtype_cell_is_vllms_flag_for_a_quantized_checkpoint(
     assert parse_scenario(data).dtype == "fp8"
     run["model"] = "meta-llama/Llama-3.1-8B-Instruct"
     assert parse_scenario(scenario(run, trace, 0)).dtype == "bf16"
+
+
+@pytest.mark.parametrize(
+    ("cell", "gpu"),
+    [
+        ("H100-80GB-HBM3 SXM", "H100 SXM"),  # the shipped file's
+        ("NVIDIA H100 80GB HBM3", "H100 SXM"),  # nvidia-smi's
+        ("NVIDIA H200 141GB HBM3e", "H200"),
+        ("NVIDIA H100 NVL", "H100 NVL"),
+        ("NVIDIA L40S 48GB", "L40S"),
+        ("NVIDIA A100 SXM 40GB", "A100 40GB SXM"),  # not the 80 GB card its prefix names
+    ],
+)
+def test_a_gpu_cell_resolves_as_people_write_gpus(cell: str, gpu: str) -> None:
+    assert catalogue_gpu(cell) == gpu

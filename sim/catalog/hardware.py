@@ -547,6 +547,8 @@ _GPU_ALIASES: dict[str, str] = {
     "a100-sxm4-80gb": "a100-80gb-sxm",
     "a100-40gb": "a100-40gb-sxm",
     "a100-sxm4-40gb": "a100-40gb-sxm",
+    "a100-sxm-40gb": "a100-40gb-sxm",
+    "a100-sxm-80gb": "a100-80gb-sxm",
     "a100-pcie": "a100-80gb-pcie",
     "a100-pcie-80gb": "a100-80gb-pcie",
     "a100-pcie-40gb": "a100-40gb-pcie",
