@@ -145,8 +145,8 @@ def test_dtypes_read_as_vllm_and_hugging_face_spell_them() -> None:
     assert parse_scenario(scenario_dict(dtype="auto")).dtype == "bf16"
     fp8 = parse_scenario(scenario_dict(model="Qwen/Qwen3-8B-FP8", dtype="auto"))
     assert (fp8.dtype, fp8.quantization) == ("fp8", "auto")
-    found = problems(scenario_dict(dtype="float32"))
-    assert len(found) == 1 and found[0].startswith("dtype:") and "'fp32'" in found[0]
+    found = problems(scenario_dict(dtype="float32"))  # quoted as written
+    assert len(found) == 1 and found[0].startswith("dtype:") and "'float32'" in found[0]
 
 
 def test_w8a8_fp8_on_a100_is_refused() -> None:

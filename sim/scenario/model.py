@@ -3,7 +3,7 @@ resolved to catalogue (or custom) value objects."""
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
 from pydantic import Field, model_validator
 
@@ -29,6 +29,12 @@ from sim.scenario.sections import (
 from sim.scenario.workload import WorkloadSpec
 
 Dtype = Literal["bf16", "fp16", "fp8", "int8", "int4"]
+KVCacheDtype = Literal["auto", "bf16", "fp16", "fp8"]
+#: What ``dtype`` and ``kv_cache_dtype`` accept once vLLM's spellings are read ("auto" too).
+_DTYPE_VALUES = {
+    "dtype": {*get_args(Dtype), "auto"},
+    "kv_cache_dtype": set(get_args(KVCacheDtype)),
+}
 #: How a quantized checkpoint's method reads before its dtype in a message.
 _METHOD_TO_LABEL = {"weight_only": "weight-only ", "w8a8": "W8A8 ", "bitsandbytes": "bitsandbytes "}
 
@@ -43,7 +49,7 @@ class Scenario(Spec):
     dtype: Dtype = "bf16"
     # How quantized weights compute (sim/engine/quantization.py QUANTIZATION_METHODS).
     quantization: Literal["auto", "weight_only", "w8a8", "bitsandbytes"] = "auto"
-    kv_cache_dtype: Literal["auto", "bf16", "fp16", "fp8"] = "auto"
+    kv_cache_dtype: KVCacheDtype = "auto"
     engine: EngineSpec = EngineSpec()
     fleet: FleetSpec = FleetSpec()
     workload: WorkloadSpec
@@ -75,8 +81,10 @@ class Scenario(Spec):
             return data
         data = dict(data)
         for field in ("dtype", "kv_cache_dtype"):
-            if isinstance(data.get(field), str):
-                data[field] = dtype_spelling(data[field])
+            value = data.get(field)
+            # A value it cannot read stays as written, for the message to quote.
+            if isinstance(value, str) and dtype_spelling(value) in _DTYPE_VALUES[field]:
+                data[field] = dtype_spelling(value)
         model = data.get("model")
         implied = checkpoint_quantization(model) if isinstance(model, str) else None
         if implied is None:
