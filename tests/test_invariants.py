@@ -42,9 +42,10 @@ RUN_TIMEOUT_S = 10  # a tiny scenario runs in milliseconds; longer means the eng
 def tiny_gpu(num_blocks: int, max_num_batched_tokens: int) -> dict[str, Any]:
     """A custom GPU whose memory leaves room for exactly ``num_blocks`` KV blocks.
 
-    KV bytes are linear in the GPU's memory (usable fraction minus weights, activations and a
-    fixed reserve), so one :func:`plan_memory` call on a large GPU gives the line to invert.
-    Half a block of slack keeps float rounding from losing a block.
+    KV bytes are affine in the GPU's memory (a fraction of what CUDA reports, itself the memory
+    less the driver's reserve, minus weights, activations and vLLM's reserve), so two
+    :func:`plan_memory` calls on large GPUs give the line to invert. Half a block of slack keeps
+    float rounding from losing a block.
     """
 
     def plan(memory_gb: float) -> MemoryPlan:
@@ -62,12 +63,10 @@ def tiny_gpu(num_blocks: int, max_num_batched_tokens: int) -> dict[str, Any]:
             block_size=BLOCK_SIZE,
         )
 
-    reference_gb = 100.0
-    reference = plan(reference_gb)
-    kv_bytes_per_gb = reference.usable_bytes / reference_gb
-    overhead_bytes = reference.usable_bytes - reference.kv_bytes
-    target_kv_bytes = (num_blocks + 0.5) * BLOCK_SIZE * reference.kv_bytes_per_token
-    memory_gb = (target_kv_bytes + overhead_bytes) / kv_bytes_per_gb
+    low, high = plan(100.0), plan(200.0)
+    kv_bytes_per_gb = (high.kv_bytes - low.kv_bytes) / 100.0
+    target_kv_bytes = (num_blocks + 0.5) * BLOCK_SIZE * low.kv_bytes_per_token
+    memory_gb = 100.0 + (target_kv_bytes - low.kv_bytes) / kv_bytes_per_gb
     assert plan(memory_gb).num_blocks == num_blocks
     return {
         "name": "tiny",

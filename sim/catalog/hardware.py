@@ -250,26 +250,29 @@ class GPU:
         return rate
 
 
-#: CUDA's total device memory as a fraction of the datasheet capacity read as GiB (datasheet
-#: "GB" for HBM and GDDR are binary sizes; the driver keeps a little). Measured: an RTX 4090
-#: ("24 GB") reports 25,250,627,584 bytes (vLLM 0.19 run,
-#: shared/data/vllm_real_runs/llmservingsim_RTX4090_llama31_8b/meta.json) = 0.980 × 24 GiB.
-REPORTED_FRACTION_OF_GIB = 0.98
+#: What the driver keeps of a GPU's memory from CUDA's total, whatever its size (datasheet "GB"
+#: for HBM and GDDR are binary sizes). Measured: an RTX 4090 ("24 GB") reports 25,250,627,584
+#: bytes (vLLM 0.19 run, shared/data/vllm_real_runs/llmservingsim_RTX4090_llama31_8b/meta.json),
+#: 24 GiB less 495 MiB. The same amount puts an 80 GB card at 79.52 GiB, where vLLM logs
+#: ``total_gpu_memory`` of 79.11–79.33 GiB on 80 GB H100s and A100s (public vLLM logs, found by
+#: searching "total_gpu_memory (79."); the 0.98 of the GiB this replaced gave them 78.4 GiB.
+CUDA_RESERVED_BYTES = 24 * 2**30 - 25_250_627_584
 
 
 #: What ECC keeps from CUDA on a GDDR6 data-centre card, where it is on by default: 1/16 of the
 #: memory. nvidia-smi reports an L4 ("24 GB") at 23,034 MiB and an L40S ("48 GB") at 46,068 MiB,
 #: both 0.937 of the GiB figure (public nvidia-smi logs, e.g. found by searching "23034MiB"),
 #: where an RTX 4090 without ECC reports 24,564 MiB of 24 GiB; vLLM on an L40S logs
-#: ``total_gpu_memory`` of 44.31–44.39 GiB, and 48 × 15/16 × REPORTED_FRACTION_OF_GIB is 44.1.
+#: ``total_gpu_memory`` of 44.31–44.39 GiB; 48 GiB × 15/16 less CUDA_RESERVED_BYTES is 44.5.
 GDDR_ECC_RESERVED_FRACTION = 1 / 16
 
 
 def reported_memory_bytes(gpu: GPU) -> float:
-    """Total device memory as CUDA reports it (and vLLM's ``gpu_memory_utilization`` scales),
-    less what ECC keeps on a GDDR card that has it on."""
+    """Total device memory as CUDA reports it (and vLLM's ``gpu_memory_utilization`` scales):
+    the datasheet's GiB, less what ECC keeps on a GDDR card that has it on, less the driver's
+    reserve (never below nothing, for a custom GPU smaller than that reserve)."""
     usable = 1.0 - gpu.ecc_reserved_fraction
-    return gpu.memory_bytes / 1e9 * 2**30 * REPORTED_FRACTION_OF_GIB * usable
+    return max(0.0, gpu.memory_bytes / 1e9 * 2**30 * usable - CUDA_RESERVED_BYTES)
 
 
 #: Where the catalogue's default GPU-hour prices come from: "H100 vs A100 Cloud Pricing: When the
