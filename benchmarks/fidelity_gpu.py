@@ -252,20 +252,34 @@ def stage_requests(
     return rows
 
 
+#: Trailing words of a GPU's name that describe the card the rest names (memory, capacity, form
+#: factor): "MIG 1g.10gb", "Laptop" or "D" name another device and are never dropped.
+GPU_DESCRIPTOR = re.compile(r"(hbm\w*|gddr\w*|\d+\s*gb|sxm\d?|pcie|gpu)", re.IGNORECASE)
+
+
 def catalogue_gpu(name: str) -> str:
     """The catalogue GPU for a runs file's ``gpu`` cell (``"H100-80GB-HBM3 SXM"`` → H100 SXM,
-    ``"NVIDIA H200 141GB HBM3e"`` → H200): the whole name, else the name less its last words
-    (memory type, form factor) down to its first; the catalogue's own name is returned."""
+    ``"NVIDIA H200 141GB HBM3e"`` → H200): the whole name, else the name less its trailing
+    memory, capacity and form-factor words (GPU_DESCRIPTOR), and only a card of the capacity
+    the name states; the catalogue's own name is returned."""
     words = name.split()
+    candidates = [name]
+    while len(words) > 1 and GPU_DESCRIPTOR.fullmatch(words[-1]):
+        words = words[:-1]
+        candidates.append(" ".join(words))
     # A capacity the name states must be the card's: "A100 SXM 40GB" is not the 80 GB A100.
     stated = re.search(r"(\d+)\s*GB", name, re.IGNORECASE)
-    for candidate in (" ".join(words[:end]) for end in range(len(words), 0, -1)):
+    for candidate in candidates:
         try:
             gpu = get_gpu(candidate)
         except ValueError:
             continue
         if stated is None or abs(gpu.memory_bytes / 1e9 - int(stated.group(1))) <= 1:
             return gpu.name
+        raise SystemExit(
+            f"--runs: gpu {name!r} names the {gpu.name} but states {stated.group(1)} GB; the "
+            f"catalogue's {gpu.name} has {gpu.memory_bytes / 1e9:.0f} GB (sim/catalog/hardware.py)"
+        )
     raise SystemExit(f"--runs: gpu {name!r} is not in the catalogue (sim/catalog/hardware.py)")
 
 

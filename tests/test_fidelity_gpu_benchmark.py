@@ -186,3 +186,16 @@ def test_the_dtype_cell_is_vllms_flag_for_a_quantized_checkpoint(
 )
 def test_a_gpu_cell_resolves_as_people_write_gpus(cell: str, gpu: str) -> None:
     assert catalogue_gpu(cell) == gpu
+
+
+@pytest.mark.parametrize(
+    ("cell", "reason"),
+    [
+        ("NVIDIA A100-SXM4-80GB MIG 1g.10gb", "not in the catalogue"),  # a slice, not the card
+        ("NVIDIA GeForce RTX 4090 Laptop GPU", "not in the catalogue"),  # another, 16 GB card
+        ("NVIDIA B200 192GB", "states 192 GB; the catalogue's B200 has 180 GB"),
+    ],
+)
+def test_a_gpu_cell_naming_another_device_stops_with_the_reason(cell: str, reason: str) -> None:
+    with pytest.raises(SystemExit, match=reason):
+        catalogue_gpu(cell)

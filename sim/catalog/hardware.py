@@ -8,8 +8,9 @@ Conventions, so that every number in this module means the same thing:
   not run sparse kernels, so the dense rate is the one a roofline model should use.
 - **Decimal units.** Capacities and bandwidths are decimal as printed on spec sheets: 80 GB is
   ``80e9`` bytes, 3.35 TB/s is ``3.35e12`` bytes/s. (An "80 GB" H100 actually exposes about
-  79.6 GiB ≈ 85.5e9 bytes to CUDA: :func:`reported_memory_bytes` converts the printed figure to
-  what CUDA reports, which is what vLLM's ``gpu_memory_utilization`` is a fraction of.)
+  79.5 GiB ≈ 85.4e9 bytes to CUDA in this model, 79.1–79.3 GiB in vLLM's logs:
+  :func:`reported_memory_bytes` converts the printed figure to what CUDA reports, which is what
+  vLLM's ``gpu_memory_utilization`` is a fraction of.)
 - **One-direction links.** ``link_bandwidth_bytes_per_s`` is what one GPU can send to its peers in
   one direction. NVLink figures on datasheets are bidirectional totals, so we halve them; PCIe
   cards without an NVLink fabric use the one-direction PCIe x16 rate.
@@ -256,6 +257,9 @@ class GPU:
 #: 24 GiB less 495 MiB. The same amount puts an 80 GB card at 79.52 GiB, where vLLM logs
 #: ``total_gpu_memory`` of 79.11–79.33 GiB on 80 GB H100s and A100s (public vLLM logs, found by
 #: searching "total_gpu_memory (79."); the 0.98 of the GiB this replaced gave them 78.4 GiB.
+#: Those logs imply 0.67–0.89 GiB kept on an 80 GB card, so the model stays 0.2–0.4 GiB high
+#: there (and likely ~0.5 GiB on an H200, whose nvidia-smi total is 140.4 GiB): the reserve
+#: grows a little with the card, not in proportion to it.
 CUDA_RESERVED_BYTES = 24 * 2**30 - 25_250_627_584
 
 

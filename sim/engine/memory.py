@@ -88,7 +88,7 @@ def _does_not_fit(
     return (
         f"model {model.name} in {dtype} does not fit: it needs {weights_gb:.0f} GB of weights; "
         f"{tp * pp}x {gpu.name} "
-        f"{'has' if tp * pp == 1 else 'have'} {gpu.memory_bytes * tp * pp / 1e9:.0f} GB "
+        f"{'has' if tp * pp == 1 else 'have'} {gpu.memory_bytes * tp * pp / 1e9:.3g} GB "
         f"({usable_gb:.1f} GB usable per GPU at gpu_memory_utilization="
         f"{gpu_memory_utilization}), which leaves no room for a KV cache after activations and "
         f"vLLM's reserve; try {' or '.join(fixes)}"
