@@ -159,7 +159,12 @@ def saturated(tp: int, pp: int, model: str = "llama-3.1-8b") -> dict:  # type: i
     """Short prompts, long outputs, all at once: decode-bound steps at full batch."""
     return scenario_dict(
         model=model,
-        engine={"tensor_parallel_size": tp, "pipeline_parallel_size": pp, "max_model_len": 4096},
+        engine={
+            "tensor_parallel_size": tp,
+            "pipeline_parallel_size": pp,
+            "max_model_len": 4096,
+            "max_num_seqs": 256,  # the same cap on every layout (vLLM's H100 default is 1024)
+        },
         workload={
             "arrival": {"type": "poisson", "rate": 2000},
             "prompt_tokens": {"type": "constant", "value": 64},

@@ -149,6 +149,22 @@ def test_dtypes_read_as_vllm_and_hugging_face_spell_them() -> None:
     assert len(found) == 1 and found[0].startswith("dtype:") and "'float32'" in found[0]
 
 
+def test_batch_limits_left_out_are_the_ones_vllm_picks_for_the_gpu() -> None:
+    def limits(**engine: object) -> tuple[int, int]:
+        gpu = engine.pop("gpu", "h100-sxm")
+        parsed = parse_scenario(scenario_dict(gpu=gpu, engine={"max_model_len": 8192, **engine}))
+        return parsed.engine.max_num_seqs, parsed.engine.max_num_batched_tokens
+
+    assert limits() == (1024, 8192)  # 70 GiB or more
+    assert limits(gpu="h200") == (1024, 8192)
+    assert limits(gpu="a100-80gb-sxm") == (256, 2048)  # large, but vLLM excludes the A100
+    assert limits(gpu="l40s") == (256, 2048)
+    assert limits(max_num_seqs=64) == (64, 8192)  # what a scenario sets stays
+    assert limits(max_num_batched_tokens=512) == (512, 512)  # seqs never above tokens
+    # Chunked prefill off: a step must hold the whole context.
+    assert limits(gpu="l40s", enable_chunked_prefill=False) == (256, 8192)
+
+
 def test_w8a8_fp8_on_a100_is_refused() -> None:
     # An A100 has no fp8 tensor cores: fp8 weights can only run weight-only there.
     found = problems(scenario_dict(gpu="a100-80gb-sxm", dtype="fp8", quantization="w8a8"))

@@ -28,9 +28,10 @@ from dashboards.state import (
     scenario_data,
     set_scenario_data,
 )
-from sim.catalog.hardware import GPU_CATALOG
+from sim.catalog.hardware import GPU_CATALOG, get_gpu
 from sim.catalog.model_names import checkpoint_quantization
 from sim.catalog.models import MODEL_CATALOG
+from sim.scenario.sections import GPU_BATCH_DEFAULTS, vllm_batch_defaults
 
 ROUTERS = ["round_robin", "random", "least_outstanding", "least_kv", "prefix_affinity"]
 
@@ -168,10 +169,21 @@ def _closed_loop(workload: dict[str, Any]) -> None:
         workload.pop("think_time_s", None)
 
 
+def _batch_defaults(data: dict[str, Any]) -> tuple[int, int]:
+    """vLLM's max_num_seqs and max_num_batched_tokens for the scenario's GPU, if it names a
+    catalogue one (a custom GPU: the small-GPU values)."""
+    try:
+        gpu = get_gpu(str(data.get("gpu")))
+    except ValueError:
+        return GPU_BATCH_DEFAULTS
+    return vllm_batch_defaults(gpu, int(data.get("engine", {}).get("tensor_parallel_size", 1)))
+
+
 def _engine(data: dict[str, Any]) -> None:
+    seqs, tokens = _batch_defaults(data)
     engine = data.setdefault("engine", {})
     engine["max_num_seqs"] = _number(
-        "max_num_seqs", 1, 4096, engine.get("max_num_seqs", 256), "seqs"
+        "max_num_seqs", 1, 4096, engine.get("max_num_seqs", seqs), "seqs"
     )
     engine["tensor_parallel_size"] = _choice(
         "Tensor parallel size", [1, 2, 4, 8, 16], engine.get("tensor_parallel_size", 1), "tp"
@@ -183,7 +195,7 @@ def _engine(data: dict[str, Any]) -> None:
         "max_num_batched_tokens",
         1,
         1_048_576,
-        engine.get("max_num_batched_tokens", 8192),
+        engine.get("max_num_batched_tokens", tokens),
         "batched_tokens",
     )
     if "max_model_len" in engine:

@@ -25,6 +25,7 @@ from sim.scenario.sections import (
     RooflineLatencySpec,
     SimulatorSpec,
     SLOSpec,
+    vllm_batch_defaults,
 )
 from sim.scenario.workload import WorkloadSpec
 
@@ -114,6 +115,30 @@ class Scenario(Spec):
         if method == "auto":
             method = implied.quantization
         return {**data, "dtype": implied.dtype, "quantization": method}
+
+    @model_validator(mode="after")
+    def _vllms_batch_limits_for_the_gpu(self) -> Scenario:
+        """``engine.max_num_seqs`` and ``max_num_batched_tokens`` left out take the values vLLM
+        picks for this GPU (sim.scenario.sections.vllm_batch_defaults); with chunked prefill
+        off the token limit is at least the context, as vLLM makes it."""
+        engine = self.engine
+        unset = {"max_num_seqs", "max_num_batched_tokens"} - engine.model_fields_set
+        if not unset:
+            return self
+        try:
+            gpu = self.resolve_gpu()
+            context = engine.max_model_len or self.resolve_model().max_position_embeddings
+        except ValueError:
+            return self  # check_consistency names the model or GPU
+        seqs, tokens = vllm_batch_defaults(gpu, engine.tensor_parallel_size)
+        if not engine.enable_chunked_prefill:
+            tokens = max(tokens, context)
+        update = {"max_num_seqs": seqs, "max_num_batched_tokens": tokens}
+        update = {field: value for field, value in update.items() if field in unset}
+        if "max_num_seqs" in update and "max_num_batched_tokens" not in update:
+            update["max_num_seqs"] = min(seqs, engine.max_num_batched_tokens)
+        object.__setattr__(self, "engine", engine.model_copy(update=update))
+        return self
 
     @model_validator(mode="after")
     def _priorities_need_the_policy(self) -> Scenario:

@@ -8,7 +8,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
 
-from sim.catalog.hardware import GPU
+from sim.catalog.hardware import GPU, reported_memory_bytes
 from sim.engine.latency import DEFAULT_FRONTEND_OVERHEAD_S, RooflineParams
 from sim.report.summary import SLO
 from sim.scenario.base import Fraction, NonNegativeInt, PositiveFloat, PositiveInt, Spec
@@ -104,11 +104,37 @@ class CustomModelSpec(Spec):
     v_head_dim: NonNegativeInt = 0
 
 
-class EngineSpec(Spec):
-    """vLLM engine knobs, under vLLM's names. Defaults follow vLLM v1's defaults."""
+#: vLLM's ``--max-num-seqs`` and ``--max-num-batched-tokens`` when a server is started without
+#: them (vllm/engine/arg_utils.py, ``EngineArgs`` batch defaults for the OpenAI server, vLLM
+#: 0.9 on): 1,024 and 8,192 on a GPU with at least 70 GiB that is not an A100 ("setting large
+#: max_num_batched_tokens for A100 reduces throughput", vLLM PR 17885); 256 and 2,048 on other
+#: GPUs; 128 and 2,048 per CPU rank on the CPU backend; ``max_num_seqs`` never above
+#: ``max_num_batched_tokens``.
+LARGE_GPU_BATCH_DEFAULTS = (1024, 8192)
+GPU_BATCH_DEFAULTS = (256, 2048)
+CPU_BATCH_DEFAULTS = (128, 2048)
+LARGE_GPU_BYTES = 70 * 2**30
 
-    max_num_seqs: PositiveInt = 256
-    max_num_batched_tokens: PositiveInt = 8192
+
+def vllm_batch_defaults(gpu: GPU, tensor_parallel_size: int = 1) -> tuple[int, int]:
+    """``(max_num_seqs, max_num_batched_tokens)`` as vLLM picks them for ``gpu``."""
+    name = gpu.name.lower()
+    if "cpu" in name:
+        seqs, tokens = (value * tensor_parallel_size for value in CPU_BATCH_DEFAULTS)
+    elif reported_memory_bytes(gpu) >= LARGE_GPU_BYTES and "a100" not in name:
+        seqs, tokens = LARGE_GPU_BATCH_DEFAULTS
+    else:
+        seqs, tokens = GPU_BATCH_DEFAULTS
+    return min(seqs, tokens), tokens
+
+
+class EngineSpec(Spec):
+    """vLLM engine knobs, under vLLM's names. Defaults follow vLLM v1's defaults; the two batch
+    limits, which vLLM sets by the GPU, are filled in by the scenario (vllm_batch_defaults)
+    when left out."""
+
+    max_num_seqs: PositiveInt = GPU_BATCH_DEFAULTS[0]
+    max_num_batched_tokens: PositiveInt = GPU_BATCH_DEFAULTS[1]
     block_size: Literal[1, 8, 16, 32, 64, 128] = 16
     enable_prefix_caching: bool = True
     enable_chunked_prefill: bool = True
