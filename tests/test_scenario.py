@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from sim.build.engines import pool_scenario
 from sim.scenario import (
     ScenarioError,
     default_scenario,
@@ -14,6 +15,7 @@ from sim.scenario import (
     parse_scenario,
     scenario_to_yaml,
 )
+from sim.scenario.sections import PoolSpec
 from tests.factories import scenario_dict
 
 
@@ -282,3 +284,13 @@ def test_a_custom_gpu_with_an_nvlink_bridge_needs_its_bandwidth() -> None:
     gpu = parse_scenario(scenario_dict(gpu={**bridged, "bridge_bandwidth_gb_s": 300}))
     assert gpu.resolve_gpu().link(2) == ("nvlink", 300e9)
     assert gpu.resolve_gpu().link(4) == ("pcie", 32e9)
+
+
+def test_a_pool_on_another_gpu_takes_vllms_batch_limits_for_its_own_gpu() -> None:
+    on_h100 = parse_scenario(scenario_dict(gpu="h100-sxm"))
+    on_l40s = pool_scenario(on_h100, PoolSpec(replicas=1, gpu="l40s"))
+    assert (on_l40s.engine.max_num_seqs, on_l40s.engine.max_num_batched_tokens) == (256, 2048)
+    engine = {"max_model_len": 8192, "max_num_seqs": 100, "max_num_batched_tokens": 4096}
+    pinned = parse_scenario(scenario_dict(gpu="h100-sxm", engine=engine))
+    kept = pool_scenario(pinned, PoolSpec(replicas=1, gpu="l40s")).engine
+    assert (kept.max_num_seqs, kept.max_num_batched_tokens) == (100, 4096)

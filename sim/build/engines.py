@@ -258,7 +258,4 @@ def make_engines(
 
 def pool_scenario(scenario: Scenario, pool: PoolSpec) -> Scenario:
     """The scenario as one disaggregated pool sees it: its own GPU and TP where it sets them."""
-    engine = scenario.engine
-    if pool.tensor_parallel_size is not None:
-        engine = engine.model_copy(update={"tensor_parallel_size": pool.tensor_parallel_size})
-    return scenario.model_copy(update={"gpu": pool.gpu or scenario.gpu, "engine": engine})
+    return scenario.on_pool(pool.gpu, pool.tensor_parallel_size)

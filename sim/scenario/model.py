@@ -3,9 +3,10 @@ resolved to catalogue (or custom) value objects."""
 
 from __future__ import annotations
 
+import contextlib
 from typing import Annotated, Any, Literal, get_args
 
-from pydantic import Field, model_validator
+from pydantic import Field, PrivateAttr, model_validator
 
 from sim.catalog.hardware import GPU, dtype_spelling, get_gpu
 from sim.catalog.hf_config import load_hf_config
@@ -59,6 +60,8 @@ class Scenario(Spec):
     cost: CostSpec = CostSpec()
     output: OutputSpec = OutputSpec()
     simulator: SimulatorSpec = SimulatorSpec()
+    # The engine's batch limits the scenario left out, filled in as vLLM picks them for the GPU.
+    _filled_batch_limits: frozenset[str] = PrivateAttr(default=frozenset())
 
     @model_validator(mode="before")
     @classmethod
@@ -127,9 +130,20 @@ class Scenario(Spec):
             return self
         try:
             gpu = self.resolve_gpu()
+        except ValueError:
+            return self  # check_consistency names the GPU
+        self._filled_batch_limits = frozenset(unset)
+        object.__setattr__(self, "engine", self._batch_limits(engine, gpu))
+        return self
+
+    def _batch_limits(self, engine: EngineSpec, gpu: GPU) -> EngineSpec:
+        """``engine`` with the limits the scenario left out (_filled_batch_limits) as vLLM
+        picks them for ``gpu`` at the engine's TP."""
+        unset = self._filled_batch_limits
+        try:
             context = engine.max_model_len or self.resolve_model().max_position_embeddings
         except ValueError:
-            return self  # check_consistency names the model or GPU
+            context = 0  # check_consistency names the model
         seqs, tokens = vllm_batch_defaults(gpu, engine.tensor_parallel_size)
         if not engine.enable_chunked_prefill:
             tokens = max(tokens, context)
@@ -137,8 +151,21 @@ class Scenario(Spec):
         update = {field: value for field, value in update.items() if field in unset}
         if "max_num_seqs" in update and "max_num_batched_tokens" not in update:
             update["max_num_seqs"] = min(seqs, engine.max_num_batched_tokens)
-        object.__setattr__(self, "engine", engine.model_copy(update=update))
-        return self
+        return engine.model_copy(update=update)
+
+    def on_pool(
+        self, gpu: str | CustomGPUSpec | None, tensor_parallel_size: int | None
+    ) -> Scenario:
+        """The scenario as a pool of its fleet sees it: its own GPU and TP where given, and the
+        batch limits the scenario left out as vLLM picks them for that GPU and TP."""
+        engine = self.engine
+        if tensor_parallel_size is not None:
+            engine = engine.model_copy(update={"tensor_parallel_size": tensor_parallel_size})
+        pool = self.model_copy(update={"gpu": gpu or self.gpu, "engine": engine})
+        if self._filled_batch_limits:
+            with contextlib.suppress(ValueError):  # check_consistency names the GPU
+                object.__setattr__(pool, "engine", pool._batch_limits(engine, pool.resolve_gpu()))
+        return pool
 
     @model_validator(mode="after")
     def _priorities_need_the_policy(self) -> Scenario:
