@@ -375,7 +375,9 @@ def test_fuzzed_scenarios_fail_cleanly_or_run_with_the_invariants(
     with time_limit(20):
         result = simulation.run()
     # The invariants read the engine knobs in force: the scenario with its defaults filled in.
+    # (A scenario's dump leaves out the batch limits it filled in; its engine's has them.)
     effective = scenario.model_dump(mode="json")
+    effective["engine"] = scenario.engine.model_dump(mode="json")
     effective["engine"]["max_model_len"] = simulation.max_model_len
     check_invariants(effective, simulation.scheduler.kv.num_blocks, simulation, result)
 

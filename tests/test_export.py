@@ -349,3 +349,14 @@ def test_every_catalogue_model_exports_a_hugging_face_id_that_resolves_back_to_i
     assert public <= set(HF_IDS), f"no Hugging Face id for {sorted(public - set(HF_IDS))}"
     for key, hf_id in HF_IDS.items():
         assert "/" in hf_id and get_model(hf_id).name == key
+
+
+def test_a_pool_on_another_gpu_is_served_with_the_batch_limits_it_was_simulated_with() -> None:
+    fleet = {
+        "disaggregation": {"prefill": {"replicas": 1, "gpu": "l40s"}, "decode": {"replicas": 1}}
+    }
+    prefill, decode = manifests(parse_scenario(scenario_dict(name="pd", fleet=fleet)))[:2]
+    # vLLM's own defaults on each pool's GPU, as the scenario left the limits out.
+    assert flags(container(prefill)["args"])["--max-num-seqs"] == "256"
+    assert flags(container(prefill)["args"])["--max-num-batched-tokens"] == "2048"
+    assert flags(container(decode)["args"])["--max-num-seqs"] == "1024"

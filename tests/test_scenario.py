@@ -294,3 +294,17 @@ def test_a_pool_on_another_gpu_takes_vllms_batch_limits_for_its_own_gpu() -> Non
     pinned = parse_scenario(scenario_dict(gpu="h100-sxm", engine=engine))
     kept = pool_scenario(pinned, PoolSpec(replicas=1, gpu="l40s")).engine
     assert (kept.max_num_seqs, kept.max_num_batched_tokens) == (100, 4096)
+
+
+def test_limits_left_out_stay_out_of_a_dump_and_refill_on_reading_it_back() -> None:
+    on_h100 = parse_scenario(scenario_dict(gpu="h100-sxm"))
+    dumped = on_h100.model_dump(mode="json")
+    assert "max_num_seqs" not in dumped["engine"]
+    assert parse_scenario(dumped) == on_h100  # scenario_to_yaml round-trips
+    on_l40s = parse_scenario({**dumped, "gpu": "l40s"})  # as a plan's other candidate
+    assert on_l40s.engine.max_num_seqs == 256
+    # The CPU backend scales its defaults by every rank (TP × PP).
+    cpu = {"name": "cpu-core", "memory_gb": 64, "memory_bandwidth_tb_s": 0.1, "bf16_tflops": 1}
+    engine = {"max_model_len": 8192, "tensor_parallel_size": 2, "pipeline_parallel_size": 2}
+    ranks = parse_scenario(scenario_dict(gpu=cpu, engine=engine)).engine
+    assert (ranks.max_num_seqs, ranks.max_num_batched_tokens) == (512, 8192)

@@ -176,7 +176,11 @@ def _batch_defaults(data: dict[str, Any]) -> tuple[int, int]:
         gpu = get_gpu(str(data.get("gpu")))
     except ValueError:
         return GPU_BATCH_DEFAULTS
-    return vllm_batch_defaults(gpu, int(data.get("engine", {}).get("tensor_parallel_size", 1)))
+    engine = data.get("engine", {})
+    world_size = int(engine.get("tensor_parallel_size", 1)) * int(
+        engine.get("pipeline_parallel_size", 1)
+    )
+    return vllm_batch_defaults(gpu, world_size)
 
 
 def _engine(data: dict[str, Any]) -> None:
@@ -198,6 +202,11 @@ def _engine(data: dict[str, Any]) -> None:
         engine.get("max_num_batched_tokens", tokens),
         "batched_tokens",
     )
+    # A limit at vLLM's default for this GPU is left out, so that the scenario fills it in
+    # for whatever GPU it runs on (another candidate in a plan, a pool).
+    for field, default in (("max_num_seqs", seqs), ("max_num_batched_tokens", tokens)):
+        if engine.get(field) == default:
+            del engine[field]
     if "max_model_len" in engine:
         engine["max_model_len"] = _number(
             "max_model_len", 1, 10_000_000, engine["max_model_len"], "max_model_len"

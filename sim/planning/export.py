@@ -187,7 +187,9 @@ def serve_args(scenario: Scenario, model: str | None = None, pool: Pool | None =
     torch_dtype, extra = scenario_dtype_args(scenario, model)
     engine = scenario.engine
     if pool is not None:
-        engine = engine.model_copy(update={"tensor_parallel_size": pool.tensor_parallel_size})
+        # The pool's own GPU and TP, and the batch limits vLLM picks there if the scenario
+        # left them out (as the simulation ran it).
+        engine = scenario.on_pool(pool.gpu, pool.tensor_parallel_size).engine
         extra = [*extra, *pool.extra_args]
     return vllm_serve_args(model, engine, dtype=torch_dtype, extra_args=extra)
 

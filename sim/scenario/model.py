@@ -6,7 +6,13 @@ from __future__ import annotations
 import contextlib
 from typing import Annotated, Any, Literal, get_args
 
-from pydantic import Field, PrivateAttr, model_validator
+from pydantic import (
+    Field,
+    PrivateAttr,
+    SerializerFunctionWrapHandler,
+    model_serializer,
+    model_validator,
+)
 
 from sim.catalog.hardware import GPU, dtype_spelling, get_gpu
 from sim.catalog.hf_config import load_hf_config
@@ -144,7 +150,8 @@ class Scenario(Spec):
             context = engine.max_model_len or self.resolve_model().max_position_embeddings
         except ValueError:
             context = 0  # check_consistency names the model
-        seqs, tokens = vllm_batch_defaults(gpu, engine.tensor_parallel_size)
+        world_size = engine.tensor_parallel_size * engine.pipeline_parallel_size
+        seqs, tokens = vllm_batch_defaults(gpu, world_size)
         if not engine.enable_chunked_prefill:
             tokens = max(tokens, context)
         update = {"max_num_seqs": seqs, "max_num_batched_tokens": tokens}
@@ -166,6 +173,18 @@ class Scenario(Spec):
             with contextlib.suppress(ValueError):  # check_consistency names the GPU
                 object.__setattr__(pool, "engine", pool._batch_limits(engine, pool.resolve_gpu()))
         return pool
+
+    @model_serializer(mode="wrap")
+    def _without_filled_batch_limits(self, handler: SerializerFunctionWrapHandler) -> Any:
+        """A dump leaves out the batch limits the scenario did not set, so that reading it back
+        (on this GPU or, in a plan or a pool, on another) fills them in again."""
+        data = handler(self)
+        engine = data.get("engine") if isinstance(data, dict) else None
+        if self._filled_batch_limits and isinstance(engine, dict):
+            data["engine"] = {
+                key: value for key, value in engine.items() if key not in self._filled_batch_limits
+            }
+        return data
 
     @model_validator(mode="after")
     def _priorities_need_the_policy(self) -> Scenario:

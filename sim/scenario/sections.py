@@ -109,18 +109,21 @@ class CustomModelSpec(Spec):
 #: 0.9 on): 1,024 and 8,192 on a GPU with at least 70 GiB that is not an A100 ("setting large
 #: max_num_batched_tokens for A100 reduces throughput", vLLM PR 17885); 256 and 2,048 on other
 #: GPUs; 128 and 2,048 per CPU rank on the CPU backend; ``max_num_seqs`` never above
-#: ``max_num_batched_tokens``.
+#: ``max_num_batched_tokens``. Not modelled: later versions' further tiers and clamps (a
+#: larger token default on the largest GPUs, tokens capped at max_num_seqs × max_model_len,
+#: ``--performance-mode``); set both for a deployment that depends on them.
 LARGE_GPU_BATCH_DEFAULTS = (1024, 8192)
 GPU_BATCH_DEFAULTS = (256, 2048)
 CPU_BATCH_DEFAULTS = (128, 2048)
 LARGE_GPU_BYTES = 70 * 2**30
 
 
-def vllm_batch_defaults(gpu: GPU, tensor_parallel_size: int = 1) -> tuple[int, int]:
-    """``(max_num_seqs, max_num_batched_tokens)`` as vLLM picks them for ``gpu``."""
+def vllm_batch_defaults(gpu: GPU, world_size: int = 1) -> tuple[int, int]:
+    """``(max_num_seqs, max_num_batched_tokens)`` as vLLM picks them for ``gpu`` (``world_size``:
+    TP × PP, which scales the CPU backend's)."""
     name = gpu.name.lower()
     if "cpu" in name:
-        seqs, tokens = (value * tensor_parallel_size for value in CPU_BATCH_DEFAULTS)
+        seqs, tokens = (value * world_size for value in CPU_BATCH_DEFAULTS)
     elif reported_memory_bytes(gpu) >= LARGE_GPU_BYTES and "a100" not in name:
         seqs, tokens = LARGE_GPU_BATCH_DEFAULTS
     else:
