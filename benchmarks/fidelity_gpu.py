@@ -20,7 +20,10 @@ inference-perf. Each stage's workload is rebuilt from the file's columns, as inf
 
 Optional columns set engine flags the default file leaves at vLLM's defaults: ``pp``,
 ``gpu_memory_utilization``, ``enable_prefix_caching``, ``enable_chunked_prefill``,
-``async_scheduling`` and ``kv_cache_dtype``.
+``async_scheduling`` and ``kv_cache_dtype``. An empty ``max_num_seqs``,
+``max_num_batched_tokens``, ``max_model_len`` or ``block_size`` cell is a server started without
+that flag: vLLM's default for the GPU (the scenario fills the first two in), the model's context
+and 16.
 
 The prompts are written as a servesim JSONL trace whose ``hash_ids`` name each 16-token block
 by what it holds (the blocks inside the system prompt by the group; the rest by the prompt), so
@@ -108,6 +111,9 @@ def _integer(stage: pd.Series, column: str, empty: int | None = None) -> int:
         raise RunsFileError(f"{_where(stage, column)}: {stage[column]!r} is not a whole number")
     return int(value)
 
+
+#: vLLM's ``--block-size`` on GPUs when a server is started without it.
+VLLM_BLOCK_SIZE = 16
 
 #: Columns every runs file needs (``prompt_reuse`` may be left out: every prompt unique).
 REQUIRED = (
@@ -223,7 +229,7 @@ def stage_requests(
         # Every prompt its own, one system prompt shared by all.
         order = first_request + np.arange(count)
         groups = np.zeros(count, dtype=int)
-    block = _integer(stage, "block_size")
+    block = _integer(stage, "block_size", empty=VLLM_BLOCK_SIZE)
     num_blocks = -(-prompt // block)
     if block < 1 or num_blocks > BLOCK_IDS:
         raise RunsFileError(
@@ -319,12 +325,13 @@ def scenario(run: pd.DataFrame, trace: Path, seed: int) -> dict[str, Any]:
     first = run.iloc[0]
     engine: dict[str, Any] = {
         "tensor_parallel_size": _integer(first, "tp"),
-        "max_num_seqs": _integer(first, "max_num_seqs"),
-        "max_num_batched_tokens": _integer(first, "max_num_batched_tokens"),
-        "max_model_len": _integer(first, "max_model_len"),
-        "block_size": _integer(first, "block_size"),
+        "block_size": _integer(first, "block_size", empty=VLLM_BLOCK_SIZE),
         "vllm_version": str(first["vllm_version"]),
     }
+    # An empty cell: the server ran with vLLM's default, which the scenario fills in.
+    for column in ("max_num_seqs", "max_num_batched_tokens", "max_model_len"):
+        if not pd.isna(_cell(first, column)):
+            engine[column] = _integer(first, column)
     for column, (field, read) in COLUMN_TO_ENGINE_FIELD.items():
         if column in first.index and not pd.isna(first[column]):
             engine[field] = read(first, column)

@@ -199,3 +199,16 @@ def test_a_gpu_cell_resolves_as_people_write_gpus(cell: str, gpu: str) -> None:
 def test_a_gpu_cell_naming_another_device_stops_with_the_reason(cell: str, reason: str) -> None:
     with pytest.raises(SystemExit, match=reason):
         catalogue_gpu(cell)
+
+
+def test_empty_engine_cells_are_vllms_defaults(runs: pd.DataFrame, tmp_path: Path) -> None:
+    trace = tmp_path / "t.jsonl"
+    trace.write_text('{"arrival_s": 0, "prompt_tokens": 8, "output_tokens": 2}\n')
+    run = runs.iloc[:1].copy()
+    for column in ("max_num_seqs", "max_num_batched_tokens", "max_model_len", "block_size"):
+        run[column] = float("nan")
+    engine = parse_scenario(scenario(run, trace, 0)).engine
+    # An H100: vLLM's large-GPU batch limits, the model's context, 16-token blocks.
+    assert (engine.max_num_seqs, engine.max_num_batched_tokens) == (1024, 8192)
+    assert engine.max_model_len is None and engine.block_size == 16
+    assert len(stage_requests(_short(run.iloc[0]), np.random.default_rng(0), 0.0)) == 200
