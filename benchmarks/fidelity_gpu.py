@@ -56,7 +56,7 @@ import pandas as pd
 from sim.catalog.hardware import dtype_spelling, get_gpu
 from sim.catalog.model_names import checkpoint_quantization
 from sim.run import build
-from sim.scenario import ScenarioError, parse_scenario
+from sim.scenario import EngineSpec, ScenarioError, parse_scenario
 
 RUNS = Path(__file__).resolve().parents[2] / "shared/data/real_gpu_runs"
 RUNS_FILE = RUNS / "h100_llama2_7b_inference_perf.csv"
@@ -112,8 +112,8 @@ def _integer(stage: pd.Series, column: str, empty: int | None = None) -> int:
     return int(value)
 
 
-#: vLLM's ``--block-size`` on GPUs when a server is started without it.
-VLLM_BLOCK_SIZE = 16
+#: vLLM's ``--block-size`` when a server is started without it: the scenario's default.
+VLLM_BLOCK_SIZE = EngineSpec().block_size
 
 #: Columns every runs file needs (``prompt_reuse`` may be left out: every prompt unique).
 REQUIRED = (

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from live.cli import scenario_server
+from sim.catalog.hardware import is_cpu_backend
 from sim.console import fail, load_or_exit, progress, stderr
 from sim.scenario import ProfileLatencySpec, Scenario
 
@@ -554,7 +555,7 @@ def _calibrate_from_torch(scenario: Scenario, operators: str, device: str, out: 
         )
     except ValueError as exc:
         fail(f"--operators: {exc}")
-    if tables.meta.get("device") == "cpu" and "cpu" not in profile.hardware.lower():
+    if tables.meta.get("device") == "cpu" and not is_cpu_backend(profile.hardware):
         stderr.print(
             f"warning: the operators were timed on a CPU, but the profile is for "
             f"{profile.hardware}; its step times are the CPU's",

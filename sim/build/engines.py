@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from sim.catalog.hardware import GPU
+from sim.catalog.hardware import GPU, is_cpu_backend
 from sim.catalog.models import ModelArch
 from sim.engine.coefficients import CalibratedCoefficients
 from sim.engine.kv_cache import KVCacheManager
@@ -129,7 +129,7 @@ def resolve_async_scheduling(scenario: Scenario, hardware_name: str) -> bool:
         return engine.async_scheduling
     if isinstance(scenario.latency, (ConstantLatencySpec, ExponentialLatencySpec)):
         return False
-    if "cpu" in hardware_name.lower():
+    if is_cpu_backend(hardware_name):
         return False
     version = _version(engine.vllm_version) if engine.vllm_version else None
     return version is None or version >= ASYNC_SCHEDULING_DEFAULT_SINCE
@@ -138,7 +138,7 @@ def resolve_async_scheduling(scenario: Scenario, hardware_name: str) -> bool:
 def shared_kv_reads(hardware_name: str) -> str:
     """How the backend reads KV that several requests share: the CPU's caches keep any shared
     block between its readers; on GPUs only cascade attention reads a prefix once."""
-    return "cached" if "cpu" in hardware_name.lower() else "cascade"
+    return "cached" if is_cpu_backend(hardware_name) else "cascade"
 
 
 def make_scheduler(

@@ -271,6 +271,12 @@ CUDA_RESERVED_BYTES = 24 * 2**30 - 25_250_627_584
 GDDR_ECC_RESERVED_FRACTION = 1 / 16
 
 
+def is_cpu_backend(hardware_name: str) -> bool:
+    """Whether hardware so named (a GPU's or a profile's) is vLLM's CPU backend: this project's
+    CPU scenarios and profiles name it with "cpu" (``cpu-core``, ``cpu (2 cores)``)."""
+    return "cpu" in hardware_name.lower()
+
+
 def reported_memory_bytes(gpu: GPU) -> float:
     """Total device memory as CUDA reports it (and vLLM's ``gpu_memory_utilization`` scales):
     the datasheet's GiB, less what ECC keeps on a GDDR card that has it on, less the driver's

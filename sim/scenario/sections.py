@@ -8,7 +8,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
 
-from sim.catalog.hardware import GPU, reported_memory_bytes
+from sim.catalog.hardware import GPU, is_cpu_backend, reported_memory_bytes
 from sim.engine.latency import DEFAULT_FRONTEND_OVERHEAD_S, RooflineParams
 from sim.report.summary import SLO
 from sim.scenario.base import Fraction, NonNegativeInt, PositiveFloat, PositiveInt, Spec
@@ -121,10 +121,9 @@ LARGE_GPU_BYTES = 70 * 2**30
 def vllm_batch_defaults(gpu: GPU, world_size: int = 1) -> tuple[int, int]:
     """``(max_num_seqs, max_num_batched_tokens)`` as vLLM picks them for ``gpu`` (``world_size``:
     TP × PP, which scales the CPU backend's)."""
-    name = gpu.name.lower()
-    if "cpu" in name:
+    if is_cpu_backend(gpu.name):
         seqs, tokens = (value * world_size for value in CPU_BATCH_DEFAULTS)
-    elif reported_memory_bytes(gpu) >= LARGE_GPU_BYTES and "a100" not in name:
+    elif reported_memory_bytes(gpu) >= LARGE_GPU_BYTES and "a100" not in gpu.name.lower():
         seqs, tokens = LARGE_GPU_BATCH_DEFAULTS
     else:
         seqs, tokens = GPU_BATCH_DEFAULTS
