@@ -120,7 +120,10 @@ class GPU:
     tensor-parallel group of up to that many talks over it, a larger one over ``interconnect``
     (see :meth:`link`). ``ecc_reserved_fraction`` is the share of a GDDR card's memory its
     ECC, on by default on data-centre cards, keeps from CUDA (HBM carries ECC beside the data,
-    so 0 there; see :func:`reported_memory_bytes`). Every number is checked
+    so 0 there; see :func:`reported_memory_bytes`). ``nvlink_multicast`` where the server's
+    NVSwitch reduces in the switch (NVLink SHARP, third-generation NVSwitch on: HGX H100, H200,
+    B200), which vLLM uses for the all-reduces of wide TP groups (sim/engine/latency.py
+    ALLREDUCE_KERNELS). Every number is checked
     on construction: a non-positive or non-finite value raises ``ValueError`` naming the field.
     """
 
@@ -141,6 +144,7 @@ class GPU:
     bridge_size: int = 0
     bridge_bandwidth_bytes_per_s: float | None = None
     ecc_reserved_fraction: float = 0.0
+    nvlink_multicast: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name.strip():
@@ -401,6 +405,7 @@ GPU_CATALOG: dict[str, GPU] = {
         weight_stream_efficiency=0.91,
         gemm_latency_s=4.2e-6,
         attention_compute_efficiency=HOPPER_ATTENTION_EFFICIENCY,
+        nvlink_multicast=True,  # HGX: third-generation NVSwitch or later
     ),
     # Same H100 datasheet, "H100 PCIe" column: 80 GB, 2 TB/s, BF16 1,513 TFLOPS*, FP8 3,026*,
     # INT8 3,026 TOPS*, TF32 756* (halved); Hopper whitepaper "H100 PCIe": BF16 756, FP8 1,513,
@@ -473,6 +478,7 @@ GPU_CATALOG: dict[str, GPU] = {
         link_bandwidth_bytes_per_s=450e9,
         tf32_flops=494.7e12,
         attention_compute_efficiency=HOPPER_ATTENTION_EFFICIENCY,
+        nvlink_multicast=True,  # HGX: third-generation NVSwitch or later
     ),
     # NVIDIA L40S datasheet, https://resources.nvidia.com/en-us-l40s/l40s-datasheet-28413
     # 48 GB GDDR6, 864 GB/s; BF16 362.05 TFLOPS (733* with sparsity), FP8 733 (1,466*),
@@ -523,6 +529,7 @@ GPU_CATALOG: dict[str, GPU] = {
         int8_ops=4.5e15,
         link_bandwidth_bytes_per_s=900e9,
         tf32_flops=1.1e15,
+        nvlink_multicast=True,  # HGX: third-generation NVSwitch or later
     ),
     # NVIDIA Ada GPU Architecture whitepaper v2.01, Table "GeForce RTX 4090",
     # https://images.nvidia.com/aem-dam/Solutions/geforce/ada/nvidia-ada-gpu-architecture.pdf

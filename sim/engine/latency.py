@@ -240,19 +240,53 @@ DEFAULT_GEMM_LATENCY_S = 4.2e-6
 #: (the Hopper GPUs' measured 0.72 is in the catalogue).
 DEFAULT_ATTENTION_COMPUTE_EFFICIENCY = 0.45
 
-#: Latency of one all-reduce call inside vLLM's CUDA graphs, by the kernel vLLM picks.
-#: * ``custom``: vLLM's own all-reduce, which it uses on an NVLink fabric and on two GPUs
-#:   over PCIe with peer access: 8 µs. An H100 pair runs a one-shot all-reduce of 74 KB in
-#:   7.0 µs inside a CUDA graph (FlagGems-vllm PR 773,
-#:   https://github.com/flagos-ai/FlagGems-vllm/pull/773, vLLM's TRT-LLM one-shot kernel,
-#:   M=6 × 6144 bf16), and 13.0 µs at 1.7 MB, which the bandwidth term adds (8 + 3.8 µs).
-#: * ``nccl``: more than two GPUs over PCIe, where vLLM turns its own off ("not supported on
-#:   more than two PCIe-only GPUs") and NCCL runs: 19.4–24.2 µs at 4–32 KB inside a CUDA
-#:   graph among four GPUs behind a PCIe switch (sglang-V100 PR 2,
-#:   https://github.com/haohervchb/sglang-V100/pull/2; the warning in
-#:   https://github.com/vllm-project/vllm/issues/13719). Cards without peer access
-#:   (GPU.peer_to_peer) use NCCL at two GPUs too.
-ALLREDUCE_LATENCY_S = {"custom": 8e-6, "nccl": 20e-6}
+#: vLLM's all-reduces, by the kernel it runs for a message (:func:`allreduce_kernel`): the fixed
+#: seconds of one call inside vLLM's CUDA graphs, the fraction of the TP group's link bandwidth
+#: (GPU.link) at which the bytes each GPU moves go, and the kernel's own ceiling on that rate
+#: (RooflineModel.allreduce_time).
+#: * ``one-shot`` and ``two-shot``: vLLM's own all-reduce (csrc/custom_all_reduce.cuh). A
+#:   one-shot reads every peer's whole message, (tp − 1)·S bytes per GPU, from each peer at up
+#:   to 230 GB/s; a two-shot reduces a 1/tp share and gathers the others', 2·(tp − 1)/tp·S, at
+#:   up to 205 GB/s; neither faster than 0.89 of the link. The fixed times and the link share
+#:   are a least-squares fit to vLLM's own communicator benchmark on four H100 SXM
+#:   (benchmarks/kernels/benchmark_device_communicators.py, CUDA graphs, bf16 messages of
+#:   0.5–4 MiB: ca_1stage 10–38 µs, ca_2stage 17–43 µs, within 1 and 3 µs of this model; two
+#:   runs that agree within 1 µs, https://github.com/vllm-project/vllm/pull/24111 and
+#:   https://github.com/vllm-project/vllm/pull/24532): one-shot 6.6 µs, two-shot 12.6 µs. The
+#:   ceilings are the slopes of the same kernels' time over 1–8 MiB outside CUDA graphs, where
+#:   the slope is free of launch costs: a pair of H100s reads its peer at 230 GB/s
+#:   (https://github.com/sgl-project/sglang/pull/2904), a pair of A100s at 206–223 GB/s and
+#:   four A100s run the two-shot at 199 GB/s (https://github.com/sgl-project/sglang/pull/2688;
+#:   the H100 benchmark above gives the two-shot 211). An H100 pair's one-shot of 74 KB takes
+#:   7.0 µs and of 1.7 MB 13.0 µs in a CUDA graph elsewhere (FlagGems-vllm PR 773,
+#:   https://github.com/flagos-ai/FlagGems-vllm/pull/773, a TensorRT-LLM kernel): 271 GB/s
+#:   between them; this model gives 6.9 and 14.0 µs. vLLM's benchmark above times a pair's
+#:   one-shot of 0.5 MiB at 7 µs (to the microsecond), this model at 8.9.
+#: * ``multimem``: PyTorch's symmetric-memory all-reduce through NVLink SHARP, which vLLM
+#:   (0.10.2 on) runs among 6 or 8 GPUs on an NVSwitch that multicasts (GPU.nvlink_multicast)
+#:   for messages past its own all-reduce's 256 KiB there (vllm/distributed/
+#:   device_communicators/all_reduce_utils.py): 8 µs plus S at 0.47 of NVLink is within 8% of
+#:   vLLM's benchmark of it on SM 9.0 (the table of https://github.com/vllm-project/vllm/pull/
+#:   42324, read as eight GPUs) at every size from 0.5 to 64 MiB (11–320 µs).
+#: * ``nccl``: the rest: messages past the 8 MiB buffer of vLLM's own all-reduce, more than two
+#:   GPUs over PCIe, where vLLM turns its own off ("not supported on more than two PCIe-only
+#:   GPUs"), cards without peer access (GPU.peer_to_peer) and TP degrees its own does not
+#:   support (other than 2, 4, 6, 8). 19.4–24.2 µs at 4–32 KB inside a CUDA graph among four
+#:   GPUs behind a PCIe switch (sglang-V100 PR 2, https://github.com/haohervchb/sglang-V100/
+#:   pull/2; the warning in https://github.com/vllm-project/vllm/issues/13719), and a ring's
+#:   bytes at the link's rate (tests/test_parallelism.py holds large messages to Vidur's NCCL
+#:   profile of an H100 DGX).
+ALLREDUCE_KERNELS: dict[str, tuple[float, float, float]] = {
+    "one-shot": (6.6e-6, 0.89, 230e9),  # the ceiling per peer read
+    "two-shot": (12.6e-6, 0.89, 205e9),
+    "multimem": (8e-6, 0.47, float("inf")),
+    "nccl": (20e-6, 1.0, float("inf")),
+}
+#: The TP degrees vLLM's own all-reduce supports, and the largest message its buffer takes.
+CUSTOM_ALLREDUCE_SIZES = (2, 4, 6, 8)
+CUSTOM_ALLREDUCE_MAX_BYTES = 8 * 2**20
+#: The largest message vLLM sends through the multicast all-reduce on Hopper (SM 9.0).
+MULTIMEM_MAX_BYTES = 64 * 2**20
 
 #: A pipeline stage's hand-off: an NCCL send outside the CUDA graphs, 11 µs for 4 KB between
 #: two GPUs of an H100 DGX and 16 µs on an A100 DGX (medians of Vidur's send_recv profiles,
@@ -262,12 +296,28 @@ PIPELINE_SEND_LATENCY_S = 11e-6
 
 
 def allreduce_kernel(
-    interconnect: str, tensor_parallel_size: int, peer_to_peer: bool = True
+    interconnect: str,
+    tensor_parallel_size: int,
+    peer_to_peer: bool = True,
+    message_bytes: float = 0.0,
+    multicast: bool = False,
 ) -> str:
-    """The all-reduce vLLM runs among ``tensor_parallel_size`` GPUs (ALLREDUCE_LATENCY_S)."""
-    if not peer_to_peer or (interconnect == "pcie" and tensor_parallel_size > 2):
+    """The all-reduce vLLM runs among ``tensor_parallel_size`` GPUs for a message of
+    ``message_bytes`` (ALLREDUCE_KERNELS): its own one-shot at two GPUs and for small
+    messages (under 512 KiB at up to four GPUs, under 256 KiB at six or eight, as
+    csrc/custom_all_reduce.cuh picks), its two-shot past that, the multicast all-reduce in
+    place of the two-shot on a ``multicast`` NVSwitch, and NCCL where its own cannot run."""
+    tp = tensor_parallel_size
+    nvlink = interconnect == "nvlink"
+    wide = multicast and nvlink and peer_to_peer and tp in (6, 8)
+    if wide and 256 * 2**10 <= message_bytes < MULTIMEM_MAX_BYTES:
+        return "multimem"
+    own = peer_to_peer and tp in CUSTOM_ALLREDUCE_SIZES and (nvlink or tp == 2)
+    if not own or message_bytes >= CUSTOM_ALLREDUCE_MAX_BYTES:
         return "nccl"
-    return "custom"
+    if tp == 2 or message_bytes < (512 if tp <= 4 else 256) * 2**10:
+        return "one-shot"
+    return "two-shot"
 
 
 #: Time a request spends in vLLM's OpenAI front end and the client's HTTP stack, on top of the
@@ -326,8 +376,8 @@ class RooflineParams:
     # percentiles 0.79–0.94). tests/test_latency.py holds the model to that benchmark.
     attention_bandwidth_efficiency: float = 0.87
     step_overhead_s: float = 0.0005  # scheduler + input preparation + sampling on the CPU
-    # Per all-reduce call (and per pipeline hand-off). None: by the GPU's interconnect and the
-    # TP degree, as vLLM picks its all-reduce (ALLREDUCE_LATENCY_S).
+    # Fixed seconds per all-reduce call, whatever the kernel (and per pipeline hand-off).
+    # None: the kernel's own, as vLLM picks it by link, TP degree and size (ALLREDUCE_KERNELS).
     allreduce_latency_s: float | None = None
     flash_attention: bool = True  # False: naive attention also writes/reads the score matrix
     # The element-wise kernels of a layer (two RMSNorms, rotary embedding, SiLU·mul, two
@@ -384,8 +434,9 @@ class RooflineModel:
     * LM head: only rows that sample a token.
     * Attention: prefill chunks cost ``4·head_dim·heads`` FLOPs per causal (query, key) pair;
       decodes read their whole KV (``2·kv_heads·head_dim`` elements per token per layer).
-    * Tensor parallelism divides weights, heads and FLOPs by ``tp`` and adds two ring
-      all-reduces of the activations per layer.
+    * Tensor parallelism divides weights, heads and FLOPs by ``tp`` and adds two all-reduces
+      of the activations per layer, each by the kernel vLLM picks for its size
+      (:meth:`allreduce_time`).
     * A mixture of experts computes each token's ``k`` experts only, and reads the weights of
       the experts the step's tokens use between them (ModelArch.expected_distinct_experts:
       ``k`` for one token, all of them for a large batch). With ``expert_parallel`` (vLLM's
@@ -425,12 +476,16 @@ class RooflineModel:
         # The TP group's link, and the one between pipeline stages (the whole TP × PP set of
         # GPUs: beyond an NVLink bridge the hand-off crosses PCIe).
         interconnect, link = gpu.link(tensor_parallel_size)
+        self._link_kind = interconnect
+        self._peer_to_peer = gpu.peer_to_peer
+        self._multicast = gpu.nvlink_multicast
         kernel = allreduce_kernel(interconnect, tensor_parallel_size, gpu.peer_to_peer)
-        #: Seconds per all-reduce call, and per pipeline hand-off (PIPELINE_SEND_LATENCY_S).
-        self.allreduce_latency_s = _first_set(p.allreduce_latency_s, ALLREDUCE_LATENCY_S[kernel])
+        #: Fixed seconds of an all-reduce call of a small message (a decode step's), and of a
+        #: pipeline hand-off (PIPELINE_SEND_LATENCY_S).
+        self.allreduce_latency_s = _first_set(p.allreduce_latency_s, ALLREDUCE_KERNELS[kernel][0])
         stages_interconnect, stages_link = gpu.link(tensor_parallel_size * pipeline_parallel_size)
         pcie = stages_interconnect == "pcie"
-        send = ALLREDUCE_LATENCY_S["nccl"] if pcie else PIPELINE_SEND_LATENCY_S
+        send = ALLREDUCE_KERNELS["nccl"][0] if pcie else PIPELINE_SEND_LATENCY_S
         self._send_latency_s = _first_set(p.allreduce_latency_s, send)
         self._send_bytes_per_s = stages_link
         # bitsandbytes streams (dequantized) 16-bit weights and pays a kernel slowdown on top.
@@ -503,7 +558,6 @@ class RooflineModel:
         self._linear_floor_s = gemms * self.gemm_latency_s
         self._allreduces_per_step = 2 * layers if tp > 1 else 0
         self._link_bytes_per_s = link
-        self._allreduce_s_per_byte = 2.0 * (tp - 1) / tp / link if tp > 1 else 0.0
         # Expert parallelism: each MoE layer's MLP all-reduce becomes a dispatch and a combine
         # all-to-all, each sending a token's activations to its k experts, (tp-1)/tp of them on
         # other GPUs.
@@ -650,15 +704,34 @@ class RooflineModel:
             )
         return total
 
+    def allreduce_time(self, message_bytes: float) -> float:
+        """One all-reduce of ``message_bytes`` among the TP group, by the kernel vLLM runs for
+        that size (:func:`allreduce_kernel`): its fixed time plus the bytes each GPU moves."""
+        tp = self.tp
+        kernel = allreduce_kernel(
+            self._link_kind, tp, self._peer_to_peer, message_bytes, self._multicast
+        )
+        fixed, link_share, ceiling = ALLREDUCE_KERNELS[kernel]
+        if self.params.allreduce_latency_s is not None:
+            fixed = self.params.allreduce_latency_s
+        if kernel == "one-shot":
+            moved = (tp - 1) * message_bytes
+            ceiling *= tp - 1
+        elif kernel == "multimem":
+            moved = message_bytes
+        else:
+            moved = 2.0 * (tp - 1) / tp * message_bytes
+        return fixed + moved / min(link_share * self._link_bytes_per_s, ceiling)
+
     def communication_time(self, num_tokens: int) -> float:
-        """Two ring all-reduces of the activations per layer under tensor parallelism; under
+        """Two all-reduces of the activations per layer under tensor parallelism; under
         expert parallelism a mixture-of-experts layer's second is two all-to-alls instead."""
         if not self._allreduces_per_step and not self._expert_parallel:
             return 0.0
         message_bytes = num_tokens * self._activation_bytes_per_token
-        total = self._allreduces_per_step * (
-            self.allreduce_latency_s + message_bytes * self._allreduce_s_per_byte
-        )
+        total = 0.0
+        if self._allreduces_per_step:
+            total = self._allreduces_per_step * self.allreduce_time(message_bytes)
         if self._expert_parallel:
             total += self.model.num_moe_layers * (
                 2 * self.allreduce_latency_s

@@ -35,6 +35,9 @@ class CustomGPUSpec(Spec):
     bridge_bandwidth_gb_s: PositiveFloat | None = None
     # Memory ECC keeps from CUDA (GDDR data-centre cards: 0.0625; HBM: 0).
     ecc_reserved_fraction: Annotated[float, Field(ge=0, lt=1)] = 0.0
+    # An NVSwitch that reduces in the switch (NVLink SHARP: HGX H100/H200/B200), which vLLM
+    # uses for wide TP groups' all-reduces (GPU.nvlink_multicast).
+    nvlink_multicast: bool = False
     hourly_cost_usd: PositiveFloat | None = None
 
     @model_validator(mode="after")
@@ -66,6 +69,7 @@ class CustomGPUSpec(Spec):
             peer_to_peer=self.peer_to_peer,
             bridge_size=self.bridge_size,
             ecc_reserved_fraction=self.ecc_reserved_fraction,
+            nvlink_multicast=self.nvlink_multicast,
             bridge_bandwidth_bytes_per_s=(
                 self.bridge_bandwidth_gb_s * 1e9 if self.bridge_bandwidth_gb_s else None
             ),
