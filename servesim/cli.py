@@ -472,7 +472,9 @@ def catalog() -> None:
             f"{gpu.memory_bandwidth_bytes_per_s / 1e12:.2f}",
             f"{gpu.bf16_flops / 1e12:,.0f}",
             fp8,
-            link + ("" if gpu.peer_to_peer else ", no P2P"),
+            link
+            + ("" if gpu.peer_to_peer else ", no P2P")
+            + (", SHARP" if gpu.nvlink_multicast else ""),
         )
     stdout.print(gpus)
     models = Table(title="models", title_justify="left")

@@ -102,6 +102,7 @@ def test_catalog_lists_gpus_and_models() -> None:
     assert "h100-sxm" in result.output and "qwen2.5-72b" in result.output
     assert "a100-40gb-pcie" in result.output  # keys whole, however narrow the terminal
     assert "NVLink" in result.output and "P2P" in result.output  # H100; RTX 4090
+    assert "SHARP" in result.output  # the HGX switches that reduce in the switch
 
 
 def test_run_with_replications_reports_intervals_over_seeds(tmp_path: Path) -> None:
