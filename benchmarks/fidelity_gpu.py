@@ -33,8 +33,10 @@ the scenario is the catalogue model and GPU with vLLM's engine flags of the run.
 Prints, per stage and metric, sim / real − 1, and the median |error| over the stages against
 the issue's targets (TTFT mean and p90 within 10%, TPOT and E2E within 5%).
 
-Run: ``.venv/bin/python benchmarks/fidelity_gpu.py [--seeds 3] [--json FILE] [--runs CSV]``
-(``--runs``: other real runs in the same columns; the ``gpu`` cell names a catalogue GPU).
+Run: ``.venv/bin/python benchmarks/fidelity_gpu.py [--seeds 3] [--json FILE] [--runs CSV]
+[--profile PROFILE]`` (``--runs``: other real runs in the same columns; the ``gpu`` cell names a
+catalogue GPU; ``--profile``: score a calibration profile, e.g. one ``servesim calibrate
+--operators torch`` timed on the runs' GPU, in place of the roofline).
 """
 
 from __future__ import annotations
@@ -55,6 +57,7 @@ import pandas as pd
 
 from sim.catalog.hardware import dtype_spelling, get_gpu
 from sim.catalog.model_names import checkpoint_quantization
+from sim.engine.profile import ProfileError
 from sim.run import build
 from sim.scenario import EngineSpec, ScenarioError, parse_scenario
 
@@ -321,7 +324,11 @@ def _weights_dtype(stage: pd.Series) -> str:
     return cell
 
 
-def scenario(run: pd.DataFrame, trace: Path, seed: int) -> dict[str, Any]:
+def scenario(
+    run: pd.DataFrame, trace: Path, seed: int, profile: Path | None = None
+) -> dict[str, Any]:
+    """The servesim scenario of a run: its model, GPU and engine flags, the roofline's step
+    times or, with ``profile``, a calibration profile's."""
     first = run.iloc[0]
     engine: dict[str, Any] = {
         "tensor_parallel_size": _integer(first, "tp"),
@@ -346,10 +353,14 @@ def scenario(run: pd.DataFrame, trace: Path, seed: int) -> dict[str, Any]:
     }
     if "kv_cache_dtype" in first.index and not pd.isna(first["kv_cache_dtype"]):
         data["kv_cache_dtype"] = str(first["kv_cache_dtype"])
+    if profile is not None:
+        data["latency"] = {"profile": str(profile)}
     return data
 
 
-def simulate_run(run: pd.DataFrame, seed: int, directory: Path) -> dict[str, dict[str, float]]:
+def simulate_run(
+    run: pd.DataFrame, seed: int, directory: Path, profile: Path | None = None
+) -> dict[str, dict[str, float]]:
     """Simulate a run's stages back to back; per stage, the latency stats in ms."""
     rng = np.random.default_rng(seed)
     rows: list[dict] = []
@@ -364,7 +375,7 @@ def simulate_run(run: pd.DataFrame, seed: int, directory: Path) -> dict[str, dic
     trace.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        records = build(parse_scenario(scenario(run, trace, seed))).run().records
+        records = build(parse_scenario(scenario(run, trace, seed, profile))).run().records
     records = records.sort_values("request_id").reset_index(drop=True)
     result = {}
     for stage, low, high in bounds:
@@ -391,7 +402,12 @@ def main() -> None:
     parser.add_argument(
         "--runs", type=Path, default=RUNS_FILE, help="real runs, in the columns of the default"
     )
+    parser.add_argument(
+        "--profile", type=Path, default=None, help="a calibration profile in place of the roofline"
+    )
     args = parser.parse_args()
+    if args.profile is not None and not args.profile.is_file():
+        raise SystemExit(f"--profile {args.profile}: no such file")
     try:
         real = pd.read_csv(args.runs)
     except (OSError, ValueError) as exc:
@@ -404,9 +420,13 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for run_id, run in real.groupby("run_id", sort=False):
             try:
-                sims = [simulate_run(run, seed, Path(tmp)) for seed in range(args.seeds)]
+                sims = [
+                    simulate_run(run, seed, Path(tmp), args.profile) for seed in range(args.seeds)
+                ]
             except (RunsFileError, ScenarioError) as exc:
                 raise SystemExit(f"--runs {args.runs}: {exc}") from None
+            except ProfileError as exc:
+                raise SystemExit(f"--profile {args.profile}: {exc}") from None
             for _, stage in run.iterrows():
                 name = str(stage["stage"])
                 row: dict[str, Any] = {"run": run_id, "stage": name, "rate": stage["rate_rps"]}

@@ -141,9 +141,10 @@ _SAME_LAYER_SHAPES = {"llama-3.1-8b": "llama-3-8b", "llama-3.1-70b": "llama-3-70
 
 
 def model_key(name: str) -> str:
-    """A model name compared loosely: no org, no ``Meta-`` prefix, lower case."""
+    """A model name compared loosely: no org, no ``Meta-`` prefix, no ``-hf`` suffix (the
+    Llama 2 checkpoints' repositories: Llama-2-7b-hf is llama-2-7b), lower case."""
     name = name.strip().split("/")[-1].lower()
-    return name.removeprefix("meta-")
+    return name.removeprefix("meta-").removesuffix("-hf")
 
 
 def gpu_folder(hardware: str) -> str:

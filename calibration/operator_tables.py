@@ -15,6 +15,7 @@ re-exported, so ``from calibration.operator_tables import operator_observations`
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -43,6 +44,7 @@ from calibration.profile import now_iso
 from sim.catalog.hardware import get_gpu
 from sim.catalog.models import get_model
 from sim.engine.latency import (
+    DEFAULT_FRONTEND_OVERHEAD_S,
     BatchShape,
     CalibratedModel,
     IterationTimeModel,
@@ -179,6 +181,12 @@ def profiled_profile(tables: OperatorTables, *, hardware: str, source: str = "")
     )
 
 
+_FRONTEND_NOTE = (
+    f"front end {DEFAULT_FRONTEND_OVERHEAD_S * 1e3:g} ms, the roofline's measured default "
+    "(sim/engine/latency.py DEFAULT_FRONTEND_OVERHEAD_S): operator tables time no server"
+)
+
+
 def _fitted(
     observations: list[Observation],
     *,
@@ -192,7 +200,14 @@ def _fitted(
     summary: dict[str, Any],
 ) -> Profile:
     coefficients, report = fit_steps(observations, method_name=method)
-    report = report.model_copy(update={"notes": [*report.notes, *notes]})
+    # Operator tables time the GPU's kernels, never a request through a server: the front end
+    # a client sees in TTFT is the roofline's measured default, not the zero they would fit.
+    coefficients = dataclasses.replace(
+        coefficients, frontend_overhead_s=DEFAULT_FRONTEND_OVERHEAD_S
+    )
+    notes = [*notes, _FRONTEND_NOTE]
+    fitted_notes = [n for n in report.notes if not n.startswith("frontend_overhead_s fixed at 0")]
+    report = report.model_copy(update={"notes": [*fitted_notes, *notes]})
     num_decode = sum(1 for obs in observations if obs.batch.num_decode_seqs)
     return Profile(
         schema_version=SCHEMA_VERSION,

@@ -137,6 +137,26 @@ def test_a_runs_file_it_cannot_score_stops_with_the_reason(
     assert done.returncode != 0 and "missing columns arrival" in done.stderr
 
 
+def test_a_profile_replaces_the_roofline(runs: pd.DataFrame, tmp_path: Path) -> None:
+    run = runs[runs["run_id"] == runs.iloc[0]["run_id"]]
+    profile = tmp_path / "p.json"
+    assert "latency" not in scenario(run, tmp_path / "t.jsonl", 0)
+    assert scenario(run, tmp_path / "t.jsonl", 0, profile)["latency"] == {"profile": str(profile)}
+
+    def score(*options: str) -> subprocess.CompletedProcess[str]:
+        command = [sys.executable, "benchmarks/fidelity_gpu.py", "--seeds", "1", *options]
+        return subprocess.run(command, cwd=ROOT, capture_output=True, text=True, check=False)
+
+    done = score("--profile", str(profile))
+    assert done.returncode != 0 and "Traceback" not in done.stderr
+    assert f"--profile {profile}: no such file" in done.stderr
+    # A profile of another model stops with the profile's check, naming both models.
+    other = ROOT / "profiles/h100-sxm_llama-3.1-8b_tp1.json"
+    done = score("--profile", str(other))
+    assert done.returncode != 0 and "Traceback" not in done.stderr
+    assert f"--profile {other}" in done.stderr and "llama-2-7b" in done.stderr
+
+
 def test_optional_engine_columns_reach_the_scenario(runs: pd.DataFrame, tmp_path: Path) -> None:
     run = runs.iloc[:1].copy()
     plain = scenario(run, tmp_path / "t.jsonl", 0)

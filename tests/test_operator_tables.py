@@ -24,7 +24,7 @@ from calibration.operator_tables import (
 )
 from sim.catalog.hardware import get_gpu
 from sim.catalog.models import get_model
-from sim.engine.latency import RooflineModel
+from sim.engine.latency import DEFAULT_FRONTEND_OVERHEAD_S, RooflineModel
 from sim.engine.profile import SCHEMA_VERSION, Profile, load_profile
 from sim.run import build
 from sim.scenario import parse_scenario
@@ -108,9 +108,25 @@ def test_operator_profile_is_a_valid_profile(shared_data: Path, tmp_path: Path) 
     assert profile.data_summary["num_prefill_points"] == 15
     assert profile.data_summary["num_decode_points"] >= 20
     assert profile.data_summary["files"][0].endswith("Llama-3.1-8B/tp1/layers.csv")
-    assert any("frontend_overhead_s fixed at 0" in note for note in profile.fit.notes)
+    # Operator tables time no server: the front end is the roofline's measured default.
+    assert profile.coefficients.frontend_overhead_s == DEFAULT_FRONTEND_OVERHEAD_S > 0
+    assert not any("frontend_overhead_s fixed at 0" in note for note in profile.fit.notes)
+    assert any("front end" in note for note in profile.data_summary["limitations"])
     reloaded = Profile.model_validate_json(profile.save(tmp_path / "p.json").read_text())
     assert reloaded == profile
+
+
+def test_llama_2_finds_vidurs_tables_under_their_hf_names(shared_data: Path) -> None:
+    # Vidur's folders are the checkpoints' repository names, Llama-2-7b-hf and Llama-2-70b-hf.
+    for model, tp in (("llama-2-7b", 1), ("meta-llama/Llama-2-70b-hf", 4)):
+        name = operator_sources.resolve_table_model(
+            "vidur+kernel_bench", model, tp, shared_data, "h100-sxm"
+        )
+        assert name in ("Llama-2-7b-hf", "Llama-2-70b-hf")
+    profile = operator_profile(
+        "vidur+kernel_bench", model="llama-2-7b", hardware="h100-sxm", data_dir=shared_data
+    )
+    assert profile.model == "llama-2-7b"
 
 
 def test_vidur_alone_cannot_identify_attention(shared_data: Path) -> None:
