@@ -187,6 +187,11 @@ class GPU:
                 self.bridge_bandwidth_bytes_per_s,
                 "bytes/s (one direction) over the NVLink bridge",
             )
+        if self.nvlink_multicast and self.interconnect != "nvlink":
+            raise ValueError(
+                f"GPU {self.name!r}: nvlink_multicast needs interconnect 'nvlink' (an NVSwitch "
+                f"that reduces in the switch), got interconnect {self.interconnect!r}"
+            )
         ecc = self.ecc_reserved_fraction
         if isinstance(ecc, bool) or not isinstance(ecc, int | float) or not 0 <= ecc < 1:
             raise ValueError(

@@ -247,12 +247,13 @@ DEFAULT_ATTENTION_COMPUTE_EFFICIENCY = 0.45
 #: * ``one-shot`` and ``two-shot``: vLLM's own all-reduce (csrc/custom_all_reduce.cuh). A
 #:   one-shot reads every peer's whole message, (tp − 1)·S bytes per GPU, from each peer at up
 #:   to 230 GB/s; a two-shot reduces a 1/tp share and gathers the others', 2·(tp − 1)/tp·S, at
-#:   up to 205 GB/s; neither faster than 0.89 of the link. The fixed times and the link share
-#:   are a least-squares fit to vLLM's own communicator benchmark on four H100 SXM
+#:   up to 205 GB/s; neither faster than 0.89 of the link. The fixed times, and the one-shot's
+#:   link share, are a least-squares fit to vLLM's own communicator benchmark on four H100 SXM
 #:   (benchmarks/kernels/benchmark_device_communicators.py, CUDA graphs, bf16 messages of
 #:   0.5–4 MiB: ca_1stage 10–38 µs, ca_2stage 17–43 µs, within 1 and 3 µs of this model; two
 #:   runs that agree within 1 µs, https://github.com/vllm-project/vllm/pull/24111 and
-#:   https://github.com/vllm-project/vllm/pull/24532): one-shot 6.6 µs, two-shot 12.6 µs. The
+#:   https://github.com/vllm-project/vllm/pull/24532): one-shot 6.6 µs, two-shot 12.6 µs (its
+#:   slope there is its own 205 GB/s, under 0.89 of NVLink). The
 #:   ceilings are the slopes of the same kernels' time over 1–8 MiB outside CUDA graphs, where
 #:   the slope is free of launch costs: a pair of H100s reads its peer at 230 GB/s
 #:   (https://github.com/sgl-project/sglang/pull/2904), a pair of A100s at 206–223 GB/s and
@@ -261,13 +262,21 @@ DEFAULT_ATTENTION_COMPUTE_EFFICIENCY = 0.45
 #:   7.0 µs and of 1.7 MB 13.0 µs in a CUDA graph elsewhere (FlagGems-vllm PR 773,
 #:   https://github.com/flagos-ai/FlagGems-vllm/pull/773, a TensorRT-LLM kernel): 271 GB/s
 #:   between them; this model gives 6.9 and 14.0 µs. vLLM's benchmark above times a pair's
-#:   one-shot of 0.5 MiB at 7 µs (to the microsecond), this model at 8.9.
+#:   one-shot of 0.5 MiB at 7 µs (to the microsecond), this model at 8.9. vLLM runs its
+#:   two-shot up to its buffer's end even where NCCL would be faster, so the cost drops where
+#:   NCCL takes over (four H100s: 74 µs just under 8 MiB, 48 µs at 8 MiB, which Vidur's NCCL
+#:   table of four H100s measures at 47); the two-shot's rate past 4 MiB is not measured.
 #: * ``multimem``: PyTorch's symmetric-memory all-reduce through NVLink SHARP, which vLLM
-#:   (0.10.2 on) runs among 6 or 8 GPUs on an NVSwitch that multicasts (GPU.nvlink_multicast)
-#:   for messages past its own all-reduce's 256 KiB there (vllm/distributed/
-#:   device_communicators/all_reduce_utils.py): 8 µs plus S at 0.47 of NVLink is within 8% of
-#:   vLLM's benchmark of it on SM 9.0 (the table of https://github.com/vllm-project/vllm/pull/
-#:   42324, read as eight GPUs) at every size from 0.5 to 64 MiB (11–320 µs).
+#:   (0.10.2 on, ``VLLM_ALLREDUCE_USE_SYMM_MEM`` on by default) runs on bf16 activations among
+#:   6 or 8 GPUs on an NVSwitch that multicasts (GPU.nvlink_multicast) for messages past what
+#:   its own all-reduce takes there on Hopper (512 KiB at six, 256 KiB at eight) up to 64 MiB
+#:   (vllm/distributed/device_communicators/all_reduce_utils.py, SM 9.0; a B200 is given the
+#:   same limits, though vLLM's for SM 10.0 differ): 8 µs plus S at 0.47 of NVLink is within 8%
+#:   of vLLM's benchmark of it on SM 9.0 (the table of https://github.com/vllm-project/vllm/
+#:   pull/42324, read as eight GPUs) at every size from 0.5 to 64 MiB (11–320 µs). Between 8
+#:   and 32 or 64 MiB vLLM runs the same library's two-shot at two or four GPUs; the NCCL ring
+#:   below costs about what it does (four H100s: 25–29 µs at 3–4 MiB against NCCL's 37–39,
+#:   both ~390–450 GB/s of ring bytes past that), so it stands in for it.
 #: * ``nccl``: the rest: messages past the 8 MiB buffer of vLLM's own all-reduce, more than two
 #:   GPUs over PCIe, where vLLM turns its own off ("not supported on more than two PCIe-only
 #:   GPUs"), cards without peer access (GPU.peer_to_peer) and TP degrees its own does not
@@ -285,8 +294,13 @@ ALLREDUCE_KERNELS: dict[str, tuple[float, float, float]] = {
 #: The TP degrees vLLM's own all-reduce supports, and the largest message its buffer takes.
 CUSTOM_ALLREDUCE_SIZES = (2, 4, 6, 8)
 CUSTOM_ALLREDUCE_MAX_BYTES = 8 * 2**20
-#: The largest message vLLM sends through the multicast all-reduce on Hopper (SM 9.0).
+#: The largest message vLLM sends through the multicast all-reduce on Hopper (SM 9.0), and
+#: the largest its own all-reduce takes before it, by TP degree.
 MULTIMEM_MAX_BYTES = 64 * 2**20
+MULTIMEM_FROM_BYTES = {6: 512 * 2**10, 8: 256 * 2**10}
+#: An expert-parallel dispatch or combine: an NCCL all-to-all (or vLLM's all-to-all kernels),
+#: not vLLM's own all-reduce; NCCL's fixed time in a CUDA graph (ALLREDUCE_KERNELS["nccl"]).
+ALL_TO_ALL_LATENCY_S = 20e-6
 
 #: A pipeline stage's hand-off: an NCCL send outside the CUDA graphs, 11 µs for 4 KB between
 #: two GPUs of an H100 DGX and 16 µs on an A100 DGX (medians of Vidur's send_recv profiles,
@@ -306,11 +320,12 @@ def allreduce_kernel(
     ``message_bytes`` (ALLREDUCE_KERNELS): its own one-shot at two GPUs and for small
     messages (under 512 KiB at up to four GPUs, under 256 KiB at six or eight, as
     csrc/custom_all_reduce.cuh picks), its two-shot past that, the multicast all-reduce in
-    place of the two-shot on a ``multicast`` NVSwitch, and NCCL where its own cannot run."""
+    place of the two-shot on a ``multicast`` NVSwitch (bf16 activations only: the caller
+    passes False for fp16), and NCCL where its own cannot run."""
     tp = tensor_parallel_size
     nvlink = interconnect == "nvlink"
-    wide = multicast and nvlink and peer_to_peer and tp in (6, 8)
-    if wide and 256 * 2**10 <= message_bytes < MULTIMEM_MAX_BYTES:
+    wide = multicast and nvlink and peer_to_peer and tp in MULTIMEM_FROM_BYTES
+    if wide and MULTIMEM_FROM_BYTES[tp] <= message_bytes <= MULTIMEM_MAX_BYTES:
         return "multimem"
     own = peer_to_peer and tp in CUSTOM_ALLREDUCE_SIZES and (nvlink or tp == 2)
     if not own or message_bytes >= CUSTOM_ALLREDUCE_MAX_BYTES:
@@ -478,11 +493,17 @@ class RooflineModel:
         interconnect, link = gpu.link(tensor_parallel_size)
         self._link_kind = interconnect
         self._peer_to_peer = gpu.peer_to_peer
-        self._multicast = gpu.nvlink_multicast
+        # PyTorch's multicast all-reduce takes bf16 only: fp16 activations go to NCCL.
+        self._multicast = gpu.nvlink_multicast and dtype != "fp16"
         kernel = allreduce_kernel(interconnect, tensor_parallel_size, gpu.peer_to_peer)
-        #: Fixed seconds of an all-reduce call of a small message (a decode step's), and of a
-        #: pipeline hand-off (PIPELINE_SEND_LATENCY_S).
-        self.allreduce_latency_s = _first_set(p.allreduce_latency_s, ALLREDUCE_KERNELS[kernel][0])
+        #: Fixed seconds of an all-reduce call of a small message (a decode step's; none
+        #: without TP).
+        self.allreduce_latency_s = (
+            _first_set(p.allreduce_latency_s, ALLREDUCE_KERNELS[kernel][0])
+            if tensor_parallel_size > 1
+            else 0.0
+        )
+        self._all_to_all_latency_s = _first_set(p.allreduce_latency_s, ALL_TO_ALL_LATENCY_S)
         stages_interconnect, stages_link = gpu.link(tensor_parallel_size * pipeline_parallel_size)
         pcie = stages_interconnect == "pcie"
         send = ALLREDUCE_KERNELS["nccl"][0] if pcie else PIPELINE_SEND_LATENCY_S
@@ -734,7 +755,7 @@ class RooflineModel:
             total = self._allreduces_per_step * self.allreduce_time(message_bytes)
         if self._expert_parallel:
             total += self.model.num_moe_layers * (
-                2 * self.allreduce_latency_s
+                2 * self._all_to_all_latency_s
                 + num_tokens * self._all_to_all_bytes_per_token / self._link_bytes_per_s
             )
         return total

@@ -41,6 +41,15 @@ class CustomGPUSpec(Spec):
     hourly_cost_usd: PositiveFloat | None = None
 
     @model_validator(mode="after")
+    def _multicast_needs_nvlink(self) -> CustomGPUSpec:
+        if self.nvlink_multicast and self.interconnect != "nvlink":
+            raise ValueError(
+                "nvlink_multicast: an NVSwitch that reduces in the switch needs interconnect: "
+                "nvlink; set interconnect: nvlink or leave nvlink_multicast out"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _a_bridge_has_a_bandwidth(self) -> CustomGPUSpec:
         if self.bridge_bandwidth_gb_s is not None and not self.bridge_size:
             raise ValueError(
