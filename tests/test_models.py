@@ -101,6 +101,9 @@ def test_catalogue_keys() -> None:
         "llama-2-7b",
         "llama-2-13b",
         "llama-2-70b",
+        "codellama-7b",
+        "codellama-13b",
+        "codellama-34b",
         "llama-3-8b",
         "llama-3-70b",
         "llama-3.1-70b",
@@ -225,6 +228,12 @@ def test_exact_parameter_counts() -> None:
         # keras-hub: keras_hub/src/models/qwen3_moe/qwen3_moe_presets.py "qwen3_moe_235b_a22b_en"
         # (the Hugging Face API's safetensors total for Qwen/Qwen3-235B-A22B is the same).
         ("qwen3-235b-a22b", 235_093_634_560),
+        # Together's parameter counts (together-python, model_param_count: CodeLlama-7b and -13b,
+        # base, Python and Instruct alike) and llama.cpp's n_params for CodeLlama-7B; Together's
+        # catalogue gives Phind-CodeLlama-34B-v2, a full fine-tune of CodeLlama-34B, 33,743,970,304.
+        ("codellama-7b", 6_738_546_688),
+        ("codellama-13b", 13_016_028_160),
+        ("codellama-34b", 33_743_970_304),
     ],
 )
 def test_exact_parameter_counts_of_added_models(key: str, tensor_elements: int) -> None:
@@ -367,6 +376,11 @@ def test_weight_bytes() -> None:
         ("meta-llama/Llama-2-13b-chat-hf", "llama-2-13b"),
         ("meta-llama/Llama-2-70b-hf", "llama-2-70b"),
         ("meta-llama/Llama-2-70b-chat-hf", "llama-2-70b"),
+        ("codellama/CodeLlama-7b-hf", "codellama-7b"),
+        ("codellama/CodeLlama-13b-Instruct-hf", "codellama-13b"),
+        ("codellama/CodeLlama-34b-hf", "codellama-34b"),
+        ("codellama/CodeLlama-34b-Instruct-hf", "codellama-34b"),
+        ("codellama/CodeLlama-34b-Python-hf", "codellama-34b"),
         ("meta-llama/Llama-3.2-1B", "llama-3.2-1b"),
         ("meta-llama/Llama-3.2-3B-Instruct", "llama-3.2-3b"),
         ("Qwen/Qwen3-4B", "qwen3-4b"),
@@ -451,6 +465,9 @@ def test_get_model_unknown_suggests_closest() -> None:
     # v0.1 has a different vocabulary and a sliding window: it must not resolve to v0.3.
     with pytest.raises(ValueError, match="unknown model"):
         get_model("mistralai/Mistral-7B-v0.1")
+    # The 7B and 13B Python models keep Llama 2's 32,000 tokens, not Code Llama's 32,016.
+    with pytest.raises(ValueError, match="unknown model"):
+        get_model("codellama/CodeLlama-7b-Python-hf")
 
 
 @pytest.mark.parametrize(

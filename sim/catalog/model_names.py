@@ -20,6 +20,9 @@ _MODEL_ALIASES: dict[str, str] = {
     "mixtral-8x7b-v0.1": "mixtral-8x7b",
     "mixtral-8x7b-instruct-v0.1": "mixtral-8x7b",
     "mistral-nemo-instruct-2407": "mistral-nemo-12b",
+    # Every Code Llama 34B has the 32,000-token vocabulary, the Python one too (the 7B and 13B
+    # Python models differ from their base entries in it, so they have no alias).
+    "codellama-34b-python": "codellama-34b",
     "mistral-small-24b-instruct-2501": "mistral-small-24b",
     # DeepSeek-R1 distills whose config.json equals the entry's in every field the catalogue
     # reads (layers, widths, heads, vocabulary, tied or not, max_position_embeddings 131072):
@@ -100,12 +103,15 @@ def checkpoint_quantization(name: str) -> CheckpointQuantization | None:
 
 def normalise_model_name(name: str) -> str:
     """The catalogue key ``name`` resolves to: its repo name without the org, the ``Meta-``
-    prefix, a quantized checkpoint's suffix or an ``-Instruct`` / ``-Chat`` suffix."""
+    prefix, a quantized checkpoint's suffix, an ``-hf`` suffix or an ``-Instruct`` / ``-Chat``
+    suffix."""
     key = _repo_key(name)
     if key not in _MODEL_ALIASES:
         key = _split_quantization(key)[0]
     if key not in _MODEL_ALIASES:
         # Instruct and chat variants share the base model's architecture (Qwen2.5's differ
         # only in max_position_embeddings), so they resolve to the base entry.
-        key = key.removesuffix("-instruct").removesuffix("-chat")
+        # Meta's checkpoints converted to Hugging Face's format end in "-hf"
+        # (codellama/CodeLlama-34b-Instruct-hf); the suffix names a file format, not a model.
+        key = key.removesuffix("-hf").removesuffix("-instruct").removesuffix("-chat")
     return _MODEL_ALIASES.get(key, key)

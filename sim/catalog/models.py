@@ -392,6 +392,50 @@ MODEL_CATALOG: dict[str, ModelArch] = {
         tie_word_embeddings=False,
         max_position_embeddings=4096,
     ),
+    # Code Llama (Meta, August 2023; arXiv 2308.12950): Llama 2's layers fine-tuned on code
+    # with a 16,384-token context (rope_theta 1e6). Shapes from Meta's params.json as loaders
+    # carry them (dim, n_layers, n_heads, n_kv_heads, hidden_dim, vocab_size) and
+    # https://huggingface.co/codellama/CodeLlama-7b-hf/blob/main/config.json
+    # (max_position_embeddings 16384, vocab_size 32016: 16 infilling tokens over Llama 2's
+    # 32,000). The 7B and 13B base and Instruct models have the 32,016-token vocabulary (their
+    # -Python variants 32,000: not these entries); every 34B has 32,000 and, unlike Llama-2-13B,
+    # grouped-query attention (8 KV heads).
+    "codellama-7b": ModelArch(
+        name="codellama-7b",
+        num_layers=32,
+        hidden_size=4096,
+        num_attention_heads=32,
+        num_key_value_heads=32,
+        head_dim=128,
+        intermediate_size=11008,
+        vocab_size=32016,
+        tie_word_embeddings=False,
+        max_position_embeddings=16384,
+    ),
+    "codellama-13b": ModelArch(
+        name="codellama-13b",
+        num_layers=40,
+        hidden_size=5120,
+        num_attention_heads=40,
+        num_key_value_heads=40,
+        head_dim=128,
+        intermediate_size=13824,
+        vocab_size=32016,
+        tie_word_embeddings=False,
+        max_position_embeddings=16384,
+    ),
+    "codellama-34b": ModelArch(
+        name="codellama-34b",
+        num_layers=48,
+        hidden_size=8192,
+        num_attention_heads=64,
+        num_key_value_heads=8,
+        head_dim=128,
+        intermediate_size=22016,
+        vocab_size=32000,
+        tie_word_embeddings=False,
+        max_position_embeddings=16384,
+    ),
     # https://huggingface.co/meta-llama/Meta-Llama-3-8B/blob/main/config.json: Llama-3.1-8B's
     # shapes with an 8,192-token context (no rope_scaling).
     "llama-3-8b": ModelArch(
