@@ -308,3 +308,10 @@ def test_limits_left_out_stay_out_of_a_dump_and_refill_on_reading_it_back() -> N
     engine = {"max_model_len": 8192, "tensor_parallel_size": 2, "pipeline_parallel_size": 2}
     ranks = parse_scenario(scenario_dict(gpu=cpu, engine=engine)).engine
     assert (ranks.max_num_seqs, ranks.max_num_batched_tokens) == (512, 8192)
+
+
+def test_the_moe_overlap_exponent_reaches_the_roofline_and_below_one_is_refused() -> None:
+    data = scenario_dict(latency={"type": "roofline", "moe_overlap_exponent": 2.0})
+    assert parse_scenario(data).latency.params().moe_overlap_exponent == 2.0
+    data = scenario_dict(latency={"type": "roofline", "moe_overlap_exponent": 0.5})
+    assert problems(data) == ["latency.moe_overlap_exponent: must be >= 1, got 0.5"]

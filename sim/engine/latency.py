@@ -352,6 +352,23 @@ def allreduce_kernel(
 DEFAULT_FRONTEND_OVERHEAD_S = 0.007
 
 
+#: The grouped expert GEMMs of a mixture-of-experts layer overlap their weight stream with their
+#: arithmetic less than a dense GEMM does: near the ridge, where both take about as long, the
+#: kernel takes longer than either. vLLM's fused MoE kernel (Triton: a token gather, the grouped
+#: gate/up GEMM, SiLU·mul, the grouped down GEMM) measured on an H100 for Mixtral-8x7B at TP 2
+#: (E=8, N=7168, bf16, tuned config; https://github.com/vllm-project/vllm/pull/24700,
+#: benchmark_moe.py, 1 to 1,536 tokens) takes 491 µs at 128 tokens, about its weights at the
+#: GEMMs' 0.91 of peak bandwidth, but 834 µs at 1,024 tokens where either bound alone is 470 and
+#: 529 µs: the max of the two is 12–37 % fast from 256 tokens up, their sum 10–19 % slow. The
+#: p-norm with p = 1.25, with the dense GEMMs' own efficiencies (0.91 of peak bandwidth, 0.7 of
+#: peak FLOPs) and fixed times, is within −3…+4 % at every size from 8 tokens. A second kernel
+#: checks it: Gemma-4's 128 small experts (N=704) on an H200
+#: (https://github.com/vllm-project/vllm/pull/44818) are −32…−11 % with it from 256 tokens,
+#: −55…−15 % with the max (its small experts reach less of peak than Mixtral's: not modelled).
+#: tests/test_latency.py holds the model to both.
+MOE_OVERLAP_EXPONENT = 1.25
+
+
 def _first_set(*values: float | None) -> float:
     """The first value that is not None (the last is always set)."""
     return next(value for value in values if value is not None)
@@ -412,6 +429,11 @@ class RooflineParams:
     # (sim/engine/scheduler.py cascade_shared_tokens), is read from memory once per step; False
     # charges every request its whole context.
     shared_kv_read_once: bool = True
+    # How a mixture-of-experts layer's grouped expert GEMMs (vLLM's fused MoE kernel) combine
+    # streaming the weights of the experts a step uses with their arithmetic: the p-norm
+    # (m^p + c^p)^(1/p) of the two times, where a dense GEMM takes their max (p → ∞) and a kernel
+    # that overlaps nothing their sum (p = 1). See MOE_OVERLAP_EXPONENT.
+    moe_overlap_exponent: float = MOE_OVERLAP_EXPONENT
     # Not a step's time: host seconds the front end spends on each token it streams (see
     # CalibratedCoefficients.per_streamed_token_s). 0 by default: no published per-token cost
     # of vLLM's API server on a GPU host to hold it to; a calibration measures it.
@@ -438,6 +460,11 @@ class RooflineParams:
             raise ValueError(f"layer_elementwise_s: must be >= 0, got {self.layer_elementwise_s}")
         if self.per_streamed_token_s < 0:
             raise ValueError(f"per_streamed_token_s: must be >= 0, got {self.per_streamed_token_s}")
+        if not self.moe_overlap_exponent >= 1:
+            raise ValueError(
+                f"moe_overlap_exponent: must be >= 1 (1: memory and arithmetic add up; large: "
+                f"the larger alone), got {self.moe_overlap_exponent}"
+            )
 
 
 class RooflineModel:
@@ -532,7 +559,12 @@ class RooflineModel:
         )
         tp = self.tp
         layers = model.num_layers
-        self._linear_flops_per_token = 2.0 * model.active_linear_params / tp
+        self._linear_flops_per_token = 2.0 * model.dense_linear_params / tp
+        # A token's routed experts in every MoE layer (the grouped expert GEMMs).
+        self._expert_flops_per_token = (
+            2.0 * (model.active_linear_params - model.dense_linear_params) / tp
+        )
+        self._moe_exponent = p.moe_overlap_exponent
         self._linear_weight_bytes = model.dense_linear_params * weight_bytes / tp
         # A mixture of experts: the bytes of one expert in every MoE layer (÷ tp either way:
         # sliced by TP, or spread whole over the GPUs by EP).
@@ -674,17 +706,26 @@ class RooflineModel:
     def linear_time(self, num_tokens: int) -> float:
         """QKV/O projections and the MLP (or the experts the tokens use) of every layer for
         ``num_tokens`` tokens."""
-        weight_bytes = self._linear_weight_bytes
-        if self.model.is_moe:
-            experts = self.model.expected_distinct_experts(num_tokens)
-            weight_bytes += experts * self._expert_weight_bytes
-        return self._linear_slowdown * (
-            self._linear_floor_s
-            + max(
-                num_tokens * self._linear_flops_per_token / self._gemm_flops_per_s,
-                weight_bytes / self._bytes_per_s,
-            )
+        dense = max(
+            num_tokens * self._linear_flops_per_token / self._gemm_flops_per_s,
+            self._linear_weight_bytes / self._bytes_per_s,
         )
+        return self._linear_slowdown * (self._linear_floor_s + dense + self.expert_time(num_tokens))
+
+    def expert_time(self, num_tokens: int) -> float:
+        """The grouped expert GEMMs of every mixture-of-experts layer for ``num_tokens``
+        tokens, beyond their kernels' fixed time: the weights of the experts the tokens use
+        between them against each token's ``k`` experts' arithmetic, combined as
+        :data:`MOE_OVERLAP_EXPONENT` says (zero for a dense model)."""
+        if not self.model.is_moe or num_tokens <= 0:
+            return 0.0
+        experts = self.model.expected_distinct_experts(num_tokens)
+        memory = experts * self._expert_weight_bytes / self._bytes_per_s
+        compute = num_tokens * self._expert_flops_per_token / self._gemm_flops_per_s
+        high, low = (memory, compute) if memory >= compute else (compute, memory)
+        p = self._moe_exponent
+        blend: float = (1.0 + (low / high) ** p) ** (1.0 / p)
+        return high * blend
 
     def lm_head_time(self, num_rows: int) -> float:
         """The LM head for the rows that sample a token (zero when none do)."""

@@ -186,6 +186,9 @@ class RooflineLatencySpec(Spec):
     elementwise_bandwidth_efficiency: Fraction = _ROOFLINE.elementwise_bandwidth_efficiency
     step_overhead_s: Annotated[float, Field(ge=0)] = _ROOFLINE.step_overhead_s
     flash_attention: bool = _ROOFLINE.flash_attention
+    # How a MoE layer's expert GEMMs blend weight streaming and arithmetic (p-norm; large: the
+    # max, as a dense GEMM; 1: their sum). See sim/engine/latency.py MOE_OVERLAP_EXPONENT.
+    moe_overlap_exponent: Annotated[float, Field(ge=1)] = _ROOFLINE.moe_overlap_exponent
     # Not a step's time: what the server's front end adds to every request (see
     # sim/engine/latency.py DEFAULT_FRONTEND_OVERHEAD_S).
     frontend_overhead_s: Annotated[float, Field(ge=0)] = DEFAULT_FRONTEND_OVERHEAD_S
