@@ -459,7 +459,7 @@ def catalog() -> None:
         gpus.add_column(column, no_wrap=column == "key")
     for key, gpu in GPU_CATALOG.items():
         fp8 = f"{gpu.fp8_flops / 1e12:,.0f}" if gpu.fp8_flops else "—"
-        # The link's kind decides vLLM's all-reduce (sim/engine/latency.py allreduce_kernel).
+        # The link's kind decides vLLM's all-reduce (sim/engine/collectives.py allreduce_kernel).
         kind = {"nvlink": "NVLink", "pcie": "PCIe"}[gpu.interconnect]
         link = f"{gpu.link_bandwidth_bytes_per_s / 1e9:,.0f} {kind}"
         if gpu.bridge_size and gpu.bridge_bandwidth_bytes_per_s:

@@ -12,13 +12,8 @@ import pytest
 
 from sim.catalog.hardware import get_gpu
 from sim.catalog.models import get_model
-from sim.engine.latency import (
-    ALL_TO_ALL_LATENCY_S,
-    BatchShape,
-    RooflineModel,
-    RooflineParams,
-    allreduce_kernel,
-)
+from sim.engine.collectives import ALL_TO_ALL_LATENCY_S, allreduce_kernel
+from sim.engine.latency import BatchShape, RooflineModel, RooflineParams
 from sim.engine.memory import plan_memory
 from sim.engine.quantization import QuantizationWarning
 from sim.run import build

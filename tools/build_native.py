@@ -22,6 +22,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 #: The modules a simulation step runs through (profile: benchmarks/speed.py --profile).
 MODULES = (
+    "sim/engine/collectives.py",
     "sim/engine/kv_cache.py",
     "sim/engine/latency.py",
     "sim/engine/replica.py",

@@ -122,7 +122,7 @@ class GPU:
     ECC, on by default on data-centre cards, keeps from CUDA (HBM carries ECC beside the data,
     so 0 there; see :func:`reported_memory_bytes`). ``nvlink_multicast`` where the server's
     NVSwitch reduces in the switch (NVLink SHARP, third-generation NVSwitch on: HGX H100, H200,
-    B200), which vLLM uses for the all-reduces of wide TP groups (sim/engine/latency.py
+    B200), which vLLM uses for the all-reduces of wide TP groups (sim/engine/collectives.py
     ALLREDUCE_KERNELS). Every number is checked
     on construction: a non-positive or non-finite value raises ``ValueError`` naming the field.
     """
@@ -215,7 +215,7 @@ class GPU:
         when one joins them all (``bridge_size``), else over the server's ``interconnect``;
         with that link's bandwidth per GPU, one direction. vLLM runs its own all-reduce only
         where every pair has NVLink or at two PCIe GPUs, so wider groups beyond a bridge fall
-        back to PCIe and NCCL (sim/engine/latency.py allreduce_kernel). A bridge of more than
+        back to PCIe and NCCL (sim/engine/collectives.py allreduce_kernel). A bridge of more than
         two cards gives a smaller group its links to those members only (the H200 NVL's
         four-way bridge: a third of its 450 GB/s to the one peer of a pair)."""
         if self.bridge_bandwidth_bytes_per_s and 1 < tensor_parallel_size <= self.bridge_size:
