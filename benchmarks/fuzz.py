@@ -536,6 +536,7 @@ def _latency(rng: np.random.Generator) -> dict[str, Any]:
         "step_overhead_s": pick(rng, (0.0, 0.002)),
         "flash_attention": chance(rng, 0.5),
         "frontend_overhead_s": pick(rng, (0.0, 0.01)),
+        "moe_overlap_exponent": pick(rng, (1.0, 1.25, 4.0)),
     }
 
 

@@ -173,6 +173,9 @@ def test_generated_scenarios_give_the_same_records_in_both_modes(
         ("llama-3.1-70b", "a100-80gb-sxm", {"tensor_parallel_size": 4}),
         ("llama-3.1-8b", "l40s", {"dtype": "fp8", "pipeline_parallel_size": 2}),
         ("llama-3.1-8b", "a100-80gb-sxm", {"dtype": "int8", "quantization": "bitsandbytes"}),
+        # Mixtures of experts: the expert GEMMs' blend, expert parallelism, latent attention.
+        ("mixtral-8x7b", "h100-sxm", {"tensor_parallel_size": 2, "expert_parallel": True}),
+        ("deepseek-v2-lite", "h100-sxm", {"dtype": "fp8"}),
     ],
 )
 def test_fast_decode_step_times_are_the_scalar_ones_bit_for_bit(

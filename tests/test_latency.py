@@ -407,15 +407,16 @@ def test_a_moe_computes_only_its_active_experts() -> None:
     assert model.linear_time(tokens) < shipped.linear_time(tokens) < summed.linear_time(tokens)
 
 
-#: vLLM's fused MoE kernel (benchmarks/kernels/benchmark_moe.py, one MoE layer's expert GEMMs,
-#: bf16, tuned configs), µs by tokens. Mixtral-8x7B at TP 2 on an H100 SXM (E=8, N=7168,
-#: K=4096, top 2): https://github.com/vllm-project/vllm/pull/24700.
+#: vLLM's fused MoE kernel, one MoE layer's expert GEMMs, bf16, tuned configs, µs by tokens.
+#: Mixtral-8x7B at TP 2 on an H100 SXM (E=8, N=7168, K=4096, top 2), benchmarks/kernels/
+#: benchmark_moe.py: https://github.com/vllm-project/vllm/pull/24700. From 8 tokens: at 1, 2
+#: and 4 (144, 229, 351 µs) the routing top-k and token alignment, not in the model, weigh.
 MIXTRAL_TP2_H100_MOE_US = {
     8: 434.98, 16: 471.49, 24: 478.27, 32: 487.35, 48: 487.85, 64: 483.14, 96: 494.42,
     128: 491.39, 256: 536.77, 512: 662.33, 1024: 833.72, 1536: 1122.93,
 }  # fmt: skip
-#: Gemma-4's MoE (E=128, N=704, K=2816, top 8) on an H200, tuned column:
-#: https://github.com/vllm-project/vllm/pull/44818.
+#: Gemma-4's MoE (E=128, N=704, K=2816, top 8) on an H200, a kernel microbenchmark with configs
+#: tuned by sglang, tuned column: https://github.com/vllm-project/vllm/pull/44818.
 GEMMA4_H200_MOE_US = {
     8: 204.4, 16: 264.1, 24: 314.4, 32: 324.9, 48: 365.5, 64: 384.1, 96: 390.3, 128: 396.4,
     256: 419.6, 512: 442.3, 1024: 528.4, 1536: 582.0, 2048: 728.2, 3072: 962.9, 4096: 1189.6,
@@ -481,10 +482,11 @@ def test_moe_expert_gemms_match_vllms_fused_moe_kernel_on_an_h100() -> None:
     assert as_sum[prefill].min() > 0.08
 
 
-def test_moe_blend_transfers_to_another_kernel_shape() -> None:
+def test_moe_blend_is_closer_than_the_max_on_another_kernel_shape() -> None:
     """Gemma-4's 128 small experts on an H200, a shape the exponent was not fitted to: closer
-    than the max at every size from 256 tokens, and within 15 % in the median; its small experts
-    reach less of peak than Mixtral's (−32…−11 % from 256 tokens), which the model leaves out."""
+    than the max at every size from 256 tokens, and within 20 % in the median there (the max:
+    39 %). Its small experts reach less of peak than Mixtral's, so the model stays fast there
+    (−32…−11 %); the sum would fit this kernel better, Mixtral's worse."""
     h200 = get_gpu("h200")
     arch = _gemma4_moe_shape()
     shipped = _moe_layer_errors(RooflineModel(arch, h200), GEMMA4_H200_MOE_US)
@@ -494,8 +496,8 @@ def test_moe_blend_transfers_to_another_kernel_shape() -> None:
     )
     prefill = np.array([tokens >= 256 for tokens in GEMMA4_H200_MOE_US])
     assert np.all(np.abs(shipped[prefill]) < np.abs(as_max[prefill]))
-    assert np.median(np.abs(shipped)) < 0.15
-    assert np.abs(shipped).max() < 0.35
+    assert np.median(np.abs(shipped[prefill])) < 0.20 < np.median(np.abs(as_max[prefill]))
+    assert np.all(shipped[prefill] < 0)
 
 
 def test_moe_overlap_exponent_below_one_is_rejected() -> None:

@@ -269,15 +269,17 @@ DEFAULT_FRONTEND_OVERHEAD_S = 0.007
 #: kernel takes longer than either. vLLM's fused MoE kernel (Triton: a token gather, the grouped
 #: gate/up GEMM, SiLU·mul, the grouped down GEMM) measured on an H100 for Mixtral-8x7B at TP 2
 #: (E=8, N=7168, bf16, tuned config; https://github.com/vllm-project/vllm/pull/24700,
-#: benchmark_moe.py, 1 to 1,536 tokens) takes 491 µs at 128 tokens, about its weights at the
-#: GEMMs' 0.91 of peak bandwidth, but 834 µs at 1,024 tokens where either bound alone is 470 and
-#: 529 µs: the max of the two is 12–37 % fast from 256 tokens up, their sum 10–19 % slow. The
-#: p-norm with p = 1.25, with the dense GEMMs' own efficiencies (0.91 of peak bandwidth, 0.7 of
-#: peak FLOPs) and fixed times, is within −3…+4 % at every size from 8 tokens. A second kernel
-#: checks it: Gemma-4's 128 small experts (N=704) on an H200
-#: (https://github.com/vllm-project/vllm/pull/44818) are −32…−11 % with it from 256 tokens,
-#: −55…−15 % with the max (its small experts reach less of peak than Mixtral's: not modelled).
-#: tests/test_latency.py holds the model to both.
+#: benchmarks/kernels/benchmark_moe.py, 1 to 1,536 tokens) takes 491 µs at 128 tokens, about its
+#: weights at the GEMMs' 0.91 of peak bandwidth, but 834 µs at 1,024 tokens where either bound
+#: alone is 470 and 529 µs: the max of the two is 12–37 % fast from 256 tokens up, their sum
+#: 10–19 % slow. The p-norm with p = 1.25, with the dense GEMMs' own efficiencies (0.91 of peak
+#: bandwidth, 0.7 of peak FLOPs) and fixed times, is within −3…+4 % from 8 tokens up (at 1–4
+#: tokens −14…−8 %: the routing top-k and token alignment are not in the model). The exponent is
+#: fitted to that one kernel. A second, Gemma-4's 128 small experts (E=128, N=704, top 8) on an
+#: H200 (a kernel microbenchmark in https://github.com/vllm-project/vllm/pull/44818, configs
+#: tuned by sglang), is slower still: −32…−11 % from 256 tokens with p = 1.25, −55…−15 % with
+#: the max, and the sum fits it best (−23…−2 %). Small experts reach less of peak than large
+#: ones, which the model leaves out. tests/test_latency.py holds the model to both tables.
 MOE_OVERLAP_EXPONENT = 1.25
 
 
@@ -344,7 +346,8 @@ class RooflineParams:
     # How a mixture-of-experts layer's grouped expert GEMMs (vLLM's fused MoE kernel) combine
     # streaming the weights of the experts a step uses with their arithmetic: the p-norm
     # (m^p + c^p)^(1/p) of the two times, where a dense GEMM takes their max (p → ∞) and a kernel
-    # that overlaps nothing their sum (p = 1). See MOE_OVERLAP_EXPONENT.
+    # that overlaps nothing their sum (p = 1). The dense projections keep their own max either
+    # way. See MOE_OVERLAP_EXPONENT.
     moe_overlap_exponent: float = MOE_OVERLAP_EXPONENT
     # Not a step's time: host seconds the front end spends on each token it streams (see
     # CalibratedCoefficients.per_streamed_token_s). 0 by default: no published per-token cost
@@ -380,7 +383,8 @@ class RooflineParams:
 
 
 class RooflineModel:
-    """Step time from first principles: per-operator max(compute time, memory time).
+    """Step time from first principles: per-operator max(compute time, memory time), except
+    a mixture of experts' expert GEMMs, which blend the two (MOE_OVERLAP_EXPONENT).
 
     * Linear layers (QKV/O projections and the gated MLP): ``2·T·params`` FLOPs for ``T``
       tokens, against streaming the layer weights once per step. This is what makes small
@@ -393,7 +397,8 @@ class RooflineModel:
       (:meth:`allreduce_time`).
     * A mixture of experts computes each token's ``k`` experts only, and reads the weights of
       the experts the step's tokens use between them (ModelArch.expected_distinct_experts:
-      ``k`` for one token, all of them for a large batch). With ``expert_parallel`` (vLLM's
+      ``k`` for one token, all of them for a large batch), as one kernel apart from the dense
+      projections (:meth:`expert_time`). With ``expert_parallel`` (vLLM's
       ``--enable-expert-parallel``) each GPU holds ``1/tp`` of the experts whole instead of a
       ``1/tp`` slice of each, and a mixture-of-experts layer sends each token's activations to
       its experts' GPUs and back (two all-to-alls) instead of its MLP all-reduce.
