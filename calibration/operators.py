@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, Any
 import pandas as pd
 
 from calibration.profile import now_iso
-from sim.catalog.models import ModelArch
+from sim.catalog.architecture import ModelArch
 from sim.files import DocumentError, read_document
 
 if TYPE_CHECKING:

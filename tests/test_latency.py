@@ -10,8 +10,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from sim.catalog.architecture import ModelArch
 from sim.catalog.hardware import get_gpu
-from sim.catalog.models import ModelArch, get_model
+from sim.catalog.models import get_model
 from sim.engine.latency import BatchShape, RooflineModel, RooflineParams, prefill_chunk_pairs
 from sim.engine.memory import plan_memory
 

@@ -9,14 +9,10 @@ from typing import Any
 
 import pytest
 
+from sim.catalog.architecture import ModelArch
 from sim.catalog.hf_config import load_hf_config
 from sim.catalog.model_names import checkpoint_quantization
-from sim.catalog.models import (
-    MODEL_CATALOG,
-    ModelArch,
-    get_model,
-    model_names,
-)
+from sim.catalog.models import MODEL_CATALOG, get_model, model_names
 
 
 def _arch(**overrides: Any) -> ModelArch:

@@ -9,8 +9,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from sim.catalog.architecture import ModelArch
 from sim.catalog.hardware import GPU, is_cpu_backend
-from sim.catalog.models import ModelArch
 from sim.engine.coefficients import CalibratedCoefficients
 from sim.engine.kv_cache import KVCacheManager
 from sim.engine.latency import (

@@ -1,4 +1,4 @@
-"""Reading a local Hugging Face ``config.json`` into a :class:`~sim.catalog.models.ModelArch`:
+"""Reading a local Hugging Face ``config.json`` into a :class:`~sim.catalog.architecture.ModelArch`:
 the dense Llama/Mistral/Qwen2 layouts, the mixtures of experts of Mixtral, Qwen2/Qwen3-MoE and
 DeepSeek, and DeepSeek's multi-head latent attention. Every failure is a ``ValueError`` naming
 the file and what to fix.
@@ -10,7 +10,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from sim.catalog.models import ModelArch
+from sim.catalog.architecture import ModelArch
 
 _REQUIRED_CONFIG_KEYS = (
     "num_hidden_layers",

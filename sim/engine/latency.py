@@ -22,8 +22,8 @@ from typing import Protocol
 
 import numpy as np
 
+from sim.catalog.architecture import ModelArch
 from sim.catalog.hardware import GPU, bytes_per_element
-from sim.catalog.models import ModelArch
 from sim.engine.coefficients import CalibratedCoefficients
 from sim.engine.collectives import (
     ALL_TO_ALL_LATENCY_S,

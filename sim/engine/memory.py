@@ -10,8 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import NamedTuple
 
+from sim.catalog.architecture import ModelArch
 from sim.catalog.hardware import GPU, reported_memory_bytes
-from sim.catalog.models import ModelArch
 
 
 class _Room(NamedTuple):

@@ -14,10 +14,11 @@ from pydantic import (
     model_validator,
 )
 
+from sim.catalog.architecture import ModelArch
 from sim.catalog.hardware import GPU, dtype_spelling, get_gpu
 from sim.catalog.hf_config import load_hf_config
 from sim.catalog.model_names import checkpoint_quantization
-from sim.catalog.models import ModelArch, get_model
+from sim.catalog.models import get_model
 from sim.engine.memory import kv_dtype_for
 from sim.scenario.base import Spec
 from sim.scenario.sections import (

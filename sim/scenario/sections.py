@@ -93,7 +93,7 @@ class HFConfigModelSpec(Spec):
 
 class CustomModelSpec(Spec):
     """A decoder given by its dimensions: dense, or a mixture of experts with ``num_experts``,
-    with latent attention with ``kv_lora_rank`` (see sim/catalog/models.py ModelArch)."""
+    with latent attention with ``kv_lora_rank`` (see sim/catalog/architecture.py ModelArch)."""
 
     name: str
     num_layers: PositiveInt
