@@ -71,6 +71,7 @@ import numpy as np
 import pandas as pd
 
 from sim.catalog.hardware import get_gpu
+from sim.catalog.model_names import normalise_model_name
 from sim.catalog.models import get_model
 
 SOURCES: tuple[str, ...] = (
@@ -140,13 +141,6 @@ VIDUR_HIDDEN = {
 _SAME_LAYER_SHAPES = {"llama-3.1-8b": "llama-3-8b", "llama-3.1-70b": "llama-3-70b"}
 
 
-def model_key(name: str) -> str:
-    """A model name compared loosely: no org, no ``Meta-`` prefix, no ``-hf`` suffix (the
-    Llama 2 checkpoints' repositories: Llama-2-7b-hf is llama-2-7b), lower case."""
-    name = name.strip().split("/")[-1].lower()
-    return name.removeprefix("meta-").removesuffix("-hf")
-
-
 def gpu_folder(hardware: str) -> str:
     """Vidur's folder for a catalogue GPU ('h100' or 'a100'); ValueError for any other GPU."""
     name = get_gpu(hardware).name.lower()
@@ -199,9 +193,12 @@ def _kernel_shape_matches(model: str, folder: str) -> bool:
 def resolve_table_model(source: str, model: str, tp: int, data_dir: Path, hardware: str) -> str:
     """The table's own model name for ``model``, or ValueError listing what exists."""
     combos = available(source, data_dir, hardware)
-    for wanted in (model_key(model), _SAME_LAYER_SHAPES.get(model_key(model))):
+    for wanted in (
+        normalise_model_name(model),
+        _SAME_LAYER_SHAPES.get(normalise_model_name(model)),
+    ):
         for name, combo_tp in combos:
-            if model_key(name) == wanted and combo_tp == tp:
+            if normalise_model_name(name) == wanted and combo_tp == tp:
                 return name
     listing = ", ".join(f"{name} tp{combo_tp}" for name, combo_tp in combos) or "none"
     raise ValueError(

@@ -28,7 +28,6 @@ from calibration.operator_sources import (
     SOURCES,
     available,
     gpu_folder,
-    model_key,
     resolve_table_model,
 )
 from calibration.operator_steps import (
@@ -42,6 +41,7 @@ from calibration.operator_steps import (
 from calibration.operators import OperatorTables
 from calibration.profile import now_iso
 from sim.catalog.hardware import get_gpu
+from sim.catalog.model_names import normalise_model_name
 from sim.catalog.models import get_model
 from sim.engine.latency import (
     DEFAULT_FRONTEND_OVERHEAD_S,
@@ -121,10 +121,10 @@ def operator_profile(
     try:
         model_name = get_model(model).name
     except ValueError:
-        model_name = model_key(model)
+        model_name = normalise_model_name(model)
     notes = list(_SOURCE_NOTES[source])
     table_model = resolve_table_model(source, model, tensor_parallel_size, Path(data_dir), hardware)
-    if model_key(table_model) != model_key(model):
+    if normalise_model_name(table_model) != normalise_model_name(model):
         notes.append(
             f"tables of {table_model} used for {model_name}: the same layer shapes (config.json)"
         )

@@ -118,7 +118,12 @@ def test_operator_profile_is_a_valid_profile(shared_data: Path, tmp_path: Path) 
 
 def test_llama_2_finds_vidurs_tables_under_their_hf_names(shared_data: Path) -> None:
     # Vidur's folders are the checkpoints' repository names, Llama-2-7b-hf and Llama-2-70b-hf.
-    for model, tp in (("llama-2-7b", 1), ("meta-llama/Llama-2-70b-hf", 4)):
+    # A name resolves as the catalogue resolves it: a chat checkpoint is its base model.
+    for model, tp in (
+        ("llama-2-7b", 1),
+        ("meta-llama/Llama-2-70b-hf", 4),
+        ("meta-llama/Llama-2-7b-chat-hf", 1),
+    ):
         name = operator_sources.resolve_table_model(
             "vidur+kernel_bench", model, tp, shared_data, "h100-sxm"
         )
