@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from sim.catalog.architecture import ModelArch
 from sim.engine.kv_cache import KVCacheManager
 from sim.engine.request import Record, Request, SourceNamespace, block_keys, source_id
 from sim.engine.scheduler import ContinuousBatchScheduler, SchedulerConfig
@@ -62,6 +63,24 @@ def make_scheduler(
     defaults.update(config)
     kv = KVCacheManager(num_blocks, block_size, enable_prefix_caching)
     return ContinuousBatchScheduler(SchedulerConfig(**defaults), kv)
+
+
+def make_arch(**overrides: Any) -> ModelArch:
+    """A small valid architecture, with keyword overrides."""
+    values: dict[str, Any] = {
+        "name": "tiny",
+        "num_layers": 2,
+        "hidden_size": 64,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 16,
+        "intermediate_size": 128,
+        "vocab_size": 1000,
+        "tie_word_embeddings": False,
+        "max_position_embeddings": 512,
+    }
+    values.update(overrides)
+    return ModelArch(**values)
 
 
 def scenario_dict(**overrides: Any) -> dict[str, Any]:

@@ -15,6 +15,7 @@ from sim.catalog.hardware import get_gpu
 from sim.catalog.models import get_model
 from sim.engine.latency import BatchShape, RooflineModel, RooflineParams, prefill_chunk_pairs
 from sim.engine.memory import plan_memory
+from tests.factories import make_arch
 
 LLAMA_8B = get_model("llama-3.1-8b")
 H100 = get_gpu("h100-sxm")
@@ -438,17 +439,10 @@ def _moe_layer_errors(model: RooflineModel, measured: dict[int, float]) -> np.nd
 
 def _gemma4_moe_shape() -> ModelArch:
     """One layer with Gemma-4's expert shapes (the rest of the model does not enter)."""
-    return ModelArch(
+    return make_arch(
         name="gemma4-moe-layer",
         num_layers=1,
         hidden_size=2816,
-        num_attention_heads=16,
-        num_key_value_heads=8,
-        head_dim=176,
-        intermediate_size=704,
-        vocab_size=262144,
-        tie_word_embeddings=True,
-        max_position_embeddings=8192,
         num_experts=128,
         num_experts_per_token=8,
         moe_intermediate_size=704,

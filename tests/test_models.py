@@ -13,24 +13,7 @@ from sim.catalog.architecture import ModelArch
 from sim.catalog.hf_config import load_hf_config
 from sim.catalog.model_names import checkpoint_quantization
 from sim.catalog.models import MODEL_CATALOG, get_model, model_names
-
-
-def _arch(**overrides: Any) -> ModelArch:
-    """A small valid architecture, with keyword overrides."""
-    values: dict[str, Any] = {
-        "name": "tiny",
-        "num_layers": 2,
-        "hidden_size": 64,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 2,
-        "head_dim": 16,
-        "intermediate_size": 128,
-        "vocab_size": 1000,
-        "tie_word_embeddings": False,
-        "max_position_embeddings": 512,
-    }
-    values.update(overrides)
-    return ModelArch(**values)
+from tests.factories import make_arch
 
 
 def _hf_config(arch: ModelArch) -> dict[str, Any]:
@@ -323,14 +306,14 @@ def test_qwen_attention_counts_qkv_biases() -> None:
 
 
 def test_output_bias_adds_hidden_size_per_layer() -> None:
-    plain = _arch(attention_bias=True)
-    assert _arch(attention_bias=True, attention_output_bias=True).num_params == (
+    plain = make_arch(attention_bias=True)
+    assert make_arch(attention_bias=True, attention_output_bias=True).num_params == (
         plain.num_params + 2 * 64
     )
 
 
 def test_tied_embeddings_have_no_lm_head() -> None:
-    untied, tied = _arch(), _arch(tie_word_embeddings=True)
+    untied, tied = make_arch(), make_arch(tie_word_embeddings=True)
     assert tied.lm_head_params == 0
     assert untied.num_params - tied.num_params == 1000 * 64
 
@@ -478,17 +461,17 @@ def test_get_model_unknown_suggests_closest() -> None:
 )
 def test_invalid_arch_names_the_field(field: str, value: object) -> None:
     with pytest.raises(ValueError, match=f"ModelArch 'tiny': {field} must be a positive integer"):
-        _arch(**{field: value})
+        make_arch(**{field: value})
 
 
 def test_heads_must_be_multiple_of_kv_heads() -> None:
     with pytest.raises(ValueError, match=r"num_attention_heads \(4\) must be a multiple"):
-        _arch(num_key_value_heads=3)
+        make_arch(num_key_value_heads=3)
 
 
 def test_flags_must_be_bool() -> None:
     with pytest.raises(ValueError, match="tie_word_embeddings must be true or false"):
-        _arch(tie_word_embeddings="false")
+        make_arch(tie_word_embeddings="false")
 
 
 @pytest.mark.parametrize("key", list(MODEL_CATALOG))
@@ -520,7 +503,7 @@ def test_load_hf_config_defaults(tmp_path: Path) -> None:
         "vocab_size": 1000,
     }
     loaded = load_hf_config(_write(tmp_path / "tiny", config))
-    assert loaded == _arch(
+    assert loaded == make_arch(
         num_key_value_heads=4,
         head_dim=16,
         max_position_embeddings=2048,
@@ -531,7 +514,7 @@ def test_load_hf_config_defaults(tmp_path: Path) -> None:
 
 
 def test_load_hf_config_llama_attention_bias_covers_output(tmp_path: Path) -> None:
-    config = _hf_config(_arch()) | {"attention_bias": True}
+    config = _hf_config(make_arch()) | {"attention_bias": True}
     loaded = load_hf_config(_write(tmp_path / "biased", config))
     assert (loaded.attention_bias, loaded.attention_output_bias) == (True, True)
 
@@ -561,7 +544,7 @@ def test_load_hf_config_missing_file(tmp_path: Path) -> None:
 
 
 def test_load_hf_config_rejects_non_integer_and_unmodelled_moe(tmp_path: Path) -> None:
-    base = _hf_config(_arch())
+    base = _hf_config(make_arch())
     with pytest.raises(ValueError, match="'vocab_size' must be a positive integer, got '1000'"):
         load_hf_config(_write(tmp_path / "str", base | {"vocab_size": "1000"}))
     latent = base | {"kv_lora_rank": 512, "qk_nope_head_dim": 16}
@@ -637,11 +620,11 @@ def test_distinct_experts_grow_from_k_to_all() -> None:
 )
 def test_bad_expert_fields_are_named(fields: dict[str, Any], message: str) -> None:
     with pytest.raises(ValueError, match=message):
-        _arch(**fields)
+        make_arch(**fields)
 
 
 def test_moe_configs_load_in_each_layout(tmp_path: Path) -> None:
-    base = _hf_config(_arch())
+    base = _hf_config(make_arch())
     mixtral = load_hf_config(
         _write(
             tmp_path / "mixtral",
@@ -695,6 +678,6 @@ def test_latent_attention_caches_one_vector_per_token_that_tp_does_not_split() -
 
 def test_latent_attention_fields_come_together() -> None:
     with pytest.raises(ValueError, match="needs qk_rope_head_dim and v_head_dim"):
-        _arch(kv_lora_rank=32)
+        make_arch(kv_lora_rank=32)
     with pytest.raises(ValueError, match="set kv_lora_rank too"):
-        _arch(v_head_dim=16)
+        make_arch(v_head_dim=16)

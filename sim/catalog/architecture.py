@@ -218,10 +218,15 @@ class ModelArch:
         )
 
     @property
+    def routed_linear_params(self) -> int:
+        """Expert weights one token multiplies by, all layers: its ``k`` routed experts in
+        every MoE layer (0 for a dense model)."""
+        return self.num_experts_per_token * self.expert_params * self.num_moe_layers
+
+    @property
     def active_linear_params(self) -> int:
         """Matrix weights one token multiplies by, all layers (its FLOPs are twice this)."""
-        routed = self.num_experts_per_token * self.expert_params * self.num_moe_layers
-        return self.dense_linear_params + routed
+        return self.dense_linear_params + self.routed_linear_params
 
     @property
     def total_linear_params(self) -> int:

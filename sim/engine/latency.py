@@ -478,9 +478,7 @@ class RooflineModel:
         layers = model.num_layers
         self._linear_flops_per_token = 2.0 * model.dense_linear_params / tp
         # A token's routed experts in every MoE layer (the grouped expert GEMMs).
-        self._expert_flops_per_token = (
-            2.0 * (model.active_linear_params - model.dense_linear_params) / tp
-        )
+        self._expert_flops_per_token = 2.0 * model.routed_linear_params / tp
         self._moe_exponent = p.moe_overlap_exponent
         self._linear_weight_bytes = model.dense_linear_params * weight_bytes / tp
         # A mixture of experts: the bytes of one expert in every MoE layer (÷ tp either way:
